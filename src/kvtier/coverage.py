@@ -1,0 +1,280 @@
+"""The coverage contract: what a hit needs, what a producer stores, what a consumer loads.
+
+Everything kvtier decides about a request comes from two definitions (DESIGN section 3):
+
+* ``retained(group, b)``: the token interval whose KV the engine keeps to compute position
+  ``b`` and beyond;
+* the admissible boundaries: positive multiples of the hit granularity ``G`` with
+  ``b + d_max <= num_tokens`` (``d_max`` the largest draft lookahead), and for a consumer
+  also ``b <= num_prompt_tokens - 1``.
+
+``required``, ``store_set``, ``store_delta`` and ``load_set`` are derived from those two and
+nothing else. No other module computes a window in chunks, a store mask or a load range:
+callers ask here. Every function is pure: plain data in, plain data out.
+
+Chunk ``c`` of a group with ``T`` tokens per chunk covers tokens ``[c*T, (c+1)*T)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from kvtier.layout import Group, Layout
+
+
+@dataclass(frozen=True)
+class Span:
+    """A half-open token interval ``[start, end)``; empty when ``start >= end``."""
+
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return max(0, self.end - self.start)
+
+    @property
+    def empty(self) -> bool:
+        return self.start >= self.end
+
+
+@dataclass(frozen=True)
+class ChunkRanges:
+    """A set of chunk indices kept as sorted, disjoint, non-adjacent half-open ranges.
+
+    Example: ``ChunkRanges(((0, 2), (6, 8)))`` holds chunks 0, 1, 6, 7 and prints as
+    ``0-1,6-7``. Sizes stay small for long requests: a full-attention store set of a
+    million tokens is one range.
+    """
+
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    @staticmethod
+    def of(ranges: Iterable[tuple[int, int]]) -> ChunkRanges:
+        """Normalise any iterable of half-open ranges (overlapping, unsorted, empty)."""
+        merged: list[list[int]] = []
+        for lo, hi in sorted(r for r in ranges if r[0] < r[1]):
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        return ChunkRanges(tuple((lo, hi) for lo, hi in merged))
+
+    @staticmethod
+    def from_chunks(chunks: Iterable[int]) -> ChunkRanges:
+        return ChunkRanges.of((c, c + 1) for c in chunks)
+
+    def __iter__(self) -> Iterator[int]:
+        for lo, hi in self.ranges:
+            yield from range(lo, hi)
+
+    def __len__(self) -> int:
+        return sum(hi - lo for lo, hi in self.ranges)
+
+    def __contains__(self, chunk: object) -> bool:
+        if not isinstance(chunk, int):
+            return False
+        i = bisect.bisect_right(self.ranges, (chunk, float("inf"))) - 1
+        return i >= 0 and self.ranges[i][0] <= chunk < self.ranges[i][1]
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def union(self, other: ChunkRanges) -> ChunkRanges:
+        return ChunkRanges.of(self.ranges + other.ranges)
+
+    def minus(self, other: ChunkRanges) -> ChunkRanges:
+        """Chunks in ``self`` and not in ``other``."""
+        out: list[tuple[int, int]] = []
+        for lo, hi in self.ranges:
+            i = max(0, bisect.bisect_right(other.ranges, (lo, float("inf"))) - 1)
+            cur = lo
+            while i < len(other.ranges) and other.ranges[i][0] < hi:
+                olo, ohi = other.ranges[i]
+                if ohi > cur:
+                    if olo > cur:
+                        out.append((cur, olo))
+                    cur = max(cur, ohi)
+                i += 1
+            if cur < hi:
+                out.append((cur, hi))
+        return ChunkRanges(tuple(out))
+
+    def compact(self) -> str:
+        """``0-3,6,8-9`` style text; ``-`` for the empty set."""
+        parts = [f"{lo}" if hi - lo == 1 else f"{lo}-{hi - 1}" for lo, hi in self.ranges]
+        return ",".join(parts) or "-"
+
+
+@dataclass(frozen=True)
+class BlockRun:
+    """Blocks ``[first_block, first_block + num_blocks)`` of ``chunk`` (chunk-relative).
+
+    Example: with 4 blocks per chunk, ``BlockRun(chunk=1, first_block=3, num_blocks=1)``
+    is absolute block 7.
+    """
+
+    chunk: int
+    first_block: int
+    num_blocks: int
+
+
+# --------------------------------------------------------------------------------------
+# The two definitions
+
+
+def retained(group: Group, b: int) -> Span:
+    """The token interval whose KV the engine keeps to continue from boundary ``b``.
+
+    Examples (DESIGN section 3): sliding window 32 with ``E = 3`` at ``b = 64`` keeps
+    ``[30, 64)``; chunked local with ``C = 8192`` at ``b = 8200`` keeps ``[8192, 8200)``;
+    a state group at ``b`` keeps the state after token ``b - 1``, written ``[b - 1, b)``.
+    """
+    if b < 0:
+        raise ValueError(f"boundary must be >= 0, got {b}")
+    if b == 0:
+        return Span(0, 0)
+    if group.kind == "full":
+        return Span(0, b)
+    if group.kind == "sliding_window":
+        assert group.window is not None
+        return Span(max(0, b - group.window + 1 - group.extra_retained), b)
+    if group.kind == "chunked_local":
+        assert group.chunk is not None
+        return Span((b // group.chunk) * group.chunk, b)
+    return Span(b - 1, b)
+
+
+def admissible_boundaries(
+    layout: Layout, num_tokens: int, num_prompt_tokens: int | None = None
+) -> range:
+    """Boundaries at which a hit may end, ascending.
+
+    A producer knowing ``num_tokens`` tokens can serve ``b`` when ``b + d_max <= num_tokens``.
+    A consumer passes its prompt length too, capping ``b`` at ``num_prompt_tokens - 1``
+    (the last prompt token is computed to produce logits).
+
+    Example: granularity 16, no draft layers, a 33-token prompt: ``range(16, 33, 16)``,
+    that is 16 and 32.
+    """
+    top = num_tokens - layout.max_lookahead
+    if num_prompt_tokens is not None:
+        top = min(top, num_prompt_tokens - 1)
+    g = layout.hit_granularity
+    return range(g, max(g, top + 1), g)
+
+
+# --------------------------------------------------------------------------------------
+# Derived: required, store, load
+
+
+def _chunks_of_span(group: Group, span: Span) -> range:
+    t = group.tokens_per_chunk
+    if span.empty:
+        return range(0)
+    return range(span.start // t, -(-span.end // t))
+
+
+def required(group: Group, b: int) -> range:
+    """Chunks of ``group`` that intersect ``retained(group, b)``: what a hit at ``b`` needs.
+
+    Example: sliding window 32, ``E = 3``, 16-token chunks, ``b = 64``: chunks 1, 2, 3.
+    """
+    return _chunks_of_span(group, retained(group, b))
+
+
+def retained_blocks(group: Group, b: int) -> range:
+    """Blocks the engine's allocator keeps at boundary (or position) ``b``.
+
+    Example: sliding window 32, ``E = 3``, 4-token blocks, ``b = 64``: blocks 7..15
+    (tokens 28..63, the first of which holds retained token 30).
+    """
+    span = retained(group, b)
+    t = group.tokens_per_block
+    if span.empty:
+        return range(0)
+    return range(span.start // t, -(-span.end // t))
+
+
+def store_set(layout: Layout, group_index: int, horizon: int) -> ChunkRanges:
+    """Chunks of one group a producer that has computed ``horizon`` tokens stores.
+
+    The union of ``required(group, b)`` over every admissible ``b``. Cost grows with the
+    number of boundaries, never with tokens.
+
+    Example: full attention with 16-token chunks plus sliding window 8 with 4-token chunks,
+    33 tokens: full chunks 0-1, sliding chunks 2-3 and 6-7.
+    """
+    group = layout.groups[group_index]
+    return ChunkRanges.of(
+        (r.start, r.stop)
+        for b in admissible_boundaries(layout, horizon)
+        if (r := required(group, b))
+    )
+
+
+def store_sets(layout: Layout, horizon: int) -> tuple[ChunkRanges, ...]:
+    """``store_set`` of every group, group outermost."""
+    return tuple(store_set(layout, i, horizon) for i in range(len(layout.groups)))
+
+
+def store_delta(layout: Layout, group_index: int, old_horizon: int, new_horizon: int) -> ChunkRanges:
+    """``store_set(new_horizon) - store_set(old_horizon)``, without recomputing either.
+
+    Used by a producer after each step: cost grows with the boundaries passed, not with the
+    request's length. Both ends of ``required(group, b)`` never decrease as ``b`` grows, so
+    the part of the old set that can overlap the new chunks is found by walking the old
+    boundaries backwards until one reaches below the new chunks.
+    """
+    if new_horizon < old_horizon:
+        raise ValueError(f"horizon went backwards: {old_horizon} -> {new_horizon}")
+    group = layout.groups[group_index]
+    old = admissible_boundaries(layout, old_horizon)
+    new = admissible_boundaries(layout, new_horizon)
+    fresh = [required(group, b) for b in new[len(old) :]]
+    fresh_set = ChunkRanges.of((r.start, r.stop) for r in fresh if r)
+    if not fresh_set:
+        return fresh_set
+    low = fresh_set.ranges[0][0]
+    overlap: list[tuple[int, int]] = []
+    for b in reversed(old):
+        r = required(group, b)
+        if not r:
+            continue
+        if r.stop <= low:
+            break
+        overlap.append((r.start, r.stop))
+        if r.start <= low:
+            break
+    return fresh_set.minus(ChunkRanges.of(overlap))
+
+
+def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:
+    """Blocks to load for a hit at ``b``: ``required(group, b)`` minus what the engine has.
+
+    ``on_device`` is the number of leading tokens whose KV the engine already holds (its own
+    prefix-cache hit, a multiple of ``tokens_per_block``); it keeps ``retained(group,
+    on_device)`` of them, and since retained spans only move right as the boundary grows,
+    every block of ``retained(group, b)`` below ``on_device`` is among those it keeps.
+    Within a chunk, only blocks the engine's allocator keeps (``retained_blocks``) are
+    written; others hold no live KV.
+
+    Example: sliding window 32, ``E = 3``, 4-token blocks in 16-token chunks, ``b = 64``,
+    nothing on device: chunk 1 block 3 only (absolute block 7), then chunks 2 and 3 whole.
+    """
+    if on_device % group.tokens_per_block:
+        raise ValueError(
+            f"on_device must be a multiple of tokens_per_block {group.tokens_per_block}, "
+            f"got {on_device}"
+        )
+    keep = retained_blocks(group, b)
+    first_block = max(keep.start, on_device // group.tokens_per_block)
+    bpc = group.blocks_per_chunk
+    runs = []
+    for chunk in required(group, b):
+        lo = max(first_block, chunk * bpc)
+        hi = min(keep.stop, (chunk + 1) * bpc)
+        if lo < hi:
+            runs.append(BlockRun(chunk, lo - chunk * bpc, hi - lo))
+    return tuple(runs)

@@ -1,0 +1,180 @@
+"""The KV-cache geometry of a model: groups of layers and how kvtier chunks them.
+
+A *group* is a set of layers that share one block table and one attention kind. A *layout*
+is the ordered tuple of a model's groups plus the hit granularity: the token multiple at
+which a cache hit may end. Everything here is plain, frozen data; validation happens at
+construction so that every other module can trust a layout it is given.
+
+Words (DESIGN section 1): a *block* is the engine's allocation unit of ``tokens_per_block``
+tokens; a *chunk* is kvtier's storage unit of ``blocks_per_chunk`` consecutive blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
+
+GroupKind = Literal["full", "sliding_window", "chunked_local", "state"]
+GROUP_KINDS: tuple[str, ...] = get_args(GroupKind)
+
+#: Bumped whenever the meaning of stored bytes or keys changes; hashed into every key.
+LAYOUT_VERSION = 1
+
+
+def _check_int(name: str, value: object, low: int, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: {name} must be an integer >= {low}, got {value!r}")
+    if value < low:
+        raise ValueError(f"{where}: {name} must be >= {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class Group:
+    """One KV-cache group.
+
+    Example: ``Group("sliding_window", tokens_per_block=16, blocks_per_chunk=4, window=128)``
+    stores 64-token chunks; chunk 3 covers tokens 192..255.
+    """
+
+    kind: GroupKind
+    """Attention kind: ``full``, ``sliding_window``, ``chunked_local`` or ``state``."""
+    tokens_per_block: int
+    """Tokens in one engine block of this group."""
+    blocks_per_chunk: int = 1
+    """Consecutive blocks kvtier stores as one chunk."""
+    window: int | None = None
+    """Sliding window ``W`` in tokens (position ``i`` attends to ``[i - W + 1, i]``)."""
+    extra_retained: int = 0
+    """Extra history ``E`` the engine keeps beyond the window (MTP: ``k - 1``)."""
+    chunk: int | None = None
+    """Attention chunk ``C`` of chunked local attention, in tokens."""
+    lookahead: int = 0
+    """Draft lookahead ``d``: KV at position ``i`` depends on token ``i + d``."""
+    bytes_per_token: int | None = None
+    """KV bytes per token for attention groups (all layers of the group together)."""
+    bytes_per_state: int | None = None
+    """Bytes of one recurrent state (all layers of the group), for ``state`` groups."""
+    name: str = ""
+    """Optional human name, for tables."""
+
+    def __post_init__(self) -> None:
+        where = f"group {self.name or self.kind!r}"
+        if self.kind not in GROUP_KINDS:
+            raise ValueError(f"{where}: kind must be one of {list(GROUP_KINDS)}, got {self.kind!r}")
+        _check_int("tokens_per_block", self.tokens_per_block, 1, where)
+        _check_int("blocks_per_chunk", self.blocks_per_chunk, 1, where)
+        _check_int("extra_retained", self.extra_retained, 0, where)
+        _check_int("lookahead", self.lookahead, 0, where)
+        self._check_kind_fields(where)
+        if self.bytes_per_token is not None:
+            _check_int("bytes_per_token", self.bytes_per_token, 1, where)
+        if self.bytes_per_state is not None:
+            _check_int("bytes_per_state", self.bytes_per_state, 1, where)
+        if self.kind == "state" and self.bytes_per_token is not None:
+            raise ValueError(f"{where}: a state group takes bytes_per_state, not bytes_per_token")
+        if self.kind != "state" and self.bytes_per_state is not None:
+            raise ValueError(f"{where}: bytes_per_state is only for kind 'state'")
+
+    def _check_kind_fields(self, where: str) -> None:
+        if self.kind == "sliding_window":
+            _check_int("window", self.window, 1, where)
+        elif self.window is not None:
+            raise ValueError(f"{where}: window is only for kind 'sliding_window'")
+        if self.kind != "sliding_window" and self.extra_retained:
+            raise ValueError(f"{where}: extra_retained is only for kind 'sliding_window'")
+        if self.kind == "chunked_local":
+            _check_int("chunk", self.chunk, 1, where)
+        elif self.chunk is not None:
+            raise ValueError(f"{where}: chunk is only for kind 'chunked_local'")
+        if self.kind == "state" and self.lookahead:
+            raise ValueError(f"{where}: a state group cannot have a lookahead")
+
+    @property
+    def tokens_per_chunk(self) -> int:
+        """Tokens in one stored chunk: ``tokens_per_block * blocks_per_chunk``."""
+        return self.tokens_per_block * self.blocks_per_chunk
+
+    @property
+    def bytes_per_chunk(self) -> int | None:
+        """Bytes of one stored chunk, or None when the layout gives no sizes.
+
+        A state chunk holds one state: the state after the chunk's last token.
+        """
+        if self.kind == "state":
+            return self.bytes_per_state
+        if self.bytes_per_token is None:
+            return None
+        return self.bytes_per_token * self.tokens_per_chunk
+
+    @property
+    def bytes_per_block(self) -> int | None:
+        """Bytes of one engine block (for a state group, one state per block)."""
+        if self.kind == "state":
+            return self.bytes_per_state
+        if self.bytes_per_token is None:
+            return None
+        return self.bytes_per_token * self.tokens_per_block
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An ordered tuple of groups and the hit granularity.
+
+    ``hit_granularity`` defaults to the least common multiple of every group's
+    ``tokens_per_chunk``; a given value must be a multiple of each of them, so that every
+    boundary ends on a chunk boundary of every group.
+    """
+
+    groups: tuple[Group, ...]
+    """The model's KV-cache groups, in the engine's order."""
+    hit_granularity: int = 0
+    """Token multiple at which hits may end; 0 means the default (lcm of chunk sizes)."""
+    model: str = "custom"
+    """Model identity, for namespaces and tables."""
+    kv_dtype: str = "bfloat16"
+    """KV-cache dtype, hashed into keys."""
+
+    _lcm: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.groups, tuple):
+            object.__setattr__(self, "groups", tuple(self.groups))
+        if not self.groups:
+            raise ValueError("layout: groups must list at least one group")
+        for g in self.groups:
+            if not isinstance(g, Group):
+                raise ValueError(f"layout: groups must be Group objects, got {type(g).__name__}")
+        lcm = math.lcm(*(g.tokens_per_chunk for g in self.groups))
+        object.__setattr__(self, "_lcm", lcm)
+        if self.hit_granularity == 0:
+            object.__setattr__(self, "hit_granularity", lcm)
+        _check_int("hit_granularity", self.hit_granularity, 1, "layout")
+        if self.hit_granularity % lcm:
+            sizes = [g.tokens_per_chunk for g in self.groups]
+            raise ValueError(
+                f"layout: hit_granularity {self.hit_granularity} must be a multiple of every "
+                f"group's tokens_per_chunk {sizes} (their lcm is {lcm})"
+            )
+
+    @property
+    def max_lookahead(self) -> int:
+        """The largest lookahead ``d`` of any group (0 without draft layers)."""
+        return max(g.lookahead for g in self.groups)
+
+    @property
+    def max_bytes_per_chunk(self) -> int | None:
+        """The largest chunk of any group: the slot size of a tier, or None without sizes."""
+        sizes = [g.bytes_per_chunk for g in self.groups]
+        if any(s is None for s in sizes):
+            return None
+        return max(s for s in sizes if s is not None)
+
+    def with_groups(self, groups: tuple[Group, ...]) -> Layout:
+        """A copy with other groups; the granularity is recomputed unless it was explicit."""
+        explicit = self.hit_granularity != self._lcm
+        return replace(self, groups=groups, hit_granularity=self.hit_granularity if explicit else 0)
