@@ -1,4 +1,5 @@
-"""kvtier: a tiered KV cache for LLM serving, correct for hybrid attention and speculative decoding."""
+"""kvtier: a tiered KV cache for LLM serving, correct for hybrid attention and speculative
+decoding."""
 
 from kvtier.coverage import (
     BlockRun,

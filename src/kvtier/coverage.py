@@ -219,7 +219,9 @@ def store_sets(layout: Layout, horizon: int) -> tuple[ChunkRanges, ...]:
     return tuple(store_set(layout, i, horizon) for i in range(len(layout.groups)))
 
 
-def store_delta(layout: Layout, group_index: int, old_horizon: int, new_horizon: int) -> ChunkRanges:
+def store_delta(
+    layout: Layout, group_index: int, old_horizon: int, new_horizon: int
+) -> ChunkRanges:
     """``store_set(new_horizon) - store_set(old_horizon)``, without recomputing either.
 
     Used by a producer after each step: cost grows with the boundaries passed, not with the

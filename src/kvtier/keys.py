@@ -16,6 +16,8 @@ shares the cache cannot forge a key that collides with another prefix.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import hashlib
 import math
 import sys
@@ -23,6 +25,8 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NewType
+
+import numpy as np
 
 from kvtier.layout import LAYOUT_VERSION, Group, Layout
 
@@ -33,11 +37,14 @@ HashName = Literal["blake2b", "sha256"]
 DIGEST_SIZE = 32
 TAG_SIZE = 8
 MAX_TOKEN_ID = 2**32 - 1
+_SMALL = 4096  # segments shorter than this absorb the next append
+
+assert array("I").itemsize == 4, "kvtier keys need a 4-byte unsigned int array type"
 
 
 def _hasher(name: HashName) -> Callable[[bytes], Any]:
     if name == "blake2b":
-        return lambda data: hashlib.blake2b(data, digest_size=DIGEST_SIZE)
+        return functools.partial(hashlib.blake2b, digest_size=DIGEST_SIZE)
     if name == "sha256":
         return hashlib.sha256
     raise ValueError(f"hash must be 'blake2b' or 'sha256', got {name!r}")
@@ -90,7 +97,8 @@ class Namespace:
             str(g.window), str(g.chunk), str(g.lookahead), str(g.bytes_per_token),
             str(g.bytes_per_state),
         )
-        return _hasher(self.hash_name)(_encode_fields((*geometry,)) + self.seed()).digest()[:TAG_SIZE]
+        digest = _hasher(self.hash_name)(_encode_fields(geometry) + self.seed()).digest()
+        return digest[:TAG_SIZE]
 
 
 def _encode_fields(fields: Sequence[str]) -> bytes:
@@ -114,6 +122,9 @@ class KeyChain:
     >>> chain.extend(range(40))
     >>> chain.num_tokens, chain.key(0, 1) is not None, chain.key(0, 2)
     (40, True, None)
+
+    Tokens are kept as the segments they arrived in (a long prompt is not copied), and the
+    spine is hashed as units complete.
     """
 
     def __init__(self, layout: Layout, namespace: Namespace, tokens: Iterable[int] = ()) -> None:
@@ -122,40 +133,66 @@ class KeyChain:
         self._unit = _gcd_unit(layout)
         self._new = _hasher(namespace.hash_name)
         self._tags = [namespace.group_tag(layout, i) for i in range(len(layout.groups))]
-        self._tokens = array("I")
-        self._bytes = bytearray()
+        self._segments: list[bytes] = []  # the tokens, little-endian uint32, as appended
+        self._offsets: list[int] = []  # byte offset of each segment
+        self._num_bytes = 0
+        self._pending = b""  # bytes of the unit not yet complete
         self._spine: list[bytes] = []
         self._seed = namespace.seed()
         self.extend(tokens)
 
     @property
     def num_tokens(self) -> int:
-        return len(self._tokens)
-
-    @property
-    def tokens(self) -> Sequence[int]:
-        """The tokens so far (read-only view; do not modify)."""
-        return self._tokens
+        return self._num_bytes // 4
 
     def extend(self, tokens: Iterable[int]) -> None:
-        """Append tokens and hash every unit they complete."""
-        new = _to_array(tokens)
-        self._tokens.extend(new)
-        if sys.byteorder == "big":
-            new.byteswap()
-        self._bytes += new.tobytes()
-        self._advance_spine()
+        """Append tokens and hash every unit they complete (no copy of long inputs)."""
+        data = _token_bytes(tokens)
+        if not data:
+            return
+        if self._segments and len(self._segments[-1]) < _SMALL:
+            self._segments[-1] += data  # decoding: merge small appends
+        else:
+            self._segments.append(data)
+            self._offsets.append(self._num_bytes)
+        self._num_bytes += len(data)
+        self._advance_spine(data)
 
-    def _advance_spine(self) -> None:
+    def _advance_spine(self, data: bytes) -> None:
         step = self._unit * 4
-        data = self._bytes
-        prev = self._spine[-1] if self._spine else self._seed
-        start = len(self._spine) * step
-        new = self._new
-        while start + step <= len(data):
-            prev = new(prev + data[start : start + step]).digest()
-            self._spine.append(prev)
-            start += step
+        view = memoryview(data)
+        spine, new = self._spine, self._new
+        prev = spine[-1] if spine else self._seed
+        pos = 0
+        if self._pending:
+            pos = step - len(self._pending)
+            if len(data) < pos:
+                self._pending += data
+                return
+            h = new(prev)
+            h.update(self._pending)
+            h.update(view[:pos])
+            prev = h.digest()
+            spine.append(prev)
+        while pos + step <= len(data):
+            h = new(prev)
+            h.update(view[pos : pos + step])
+            prev = h.digest()
+            spine.append(prev)
+            pos += step
+        self._pending = bytes(view[pos:])
+
+    def _byte_slice(self, lo: int, hi: int) -> bytes:
+        """Token bytes ``[lo, hi)`` across segments."""
+        i = bisect.bisect_right(self._offsets, lo) - 1
+        out = bytearray()
+        while lo < hi:
+            seg, start = self._segments[i], self._offsets[i]
+            piece = seg[lo - start : hi - start]
+            out += piece
+            lo += len(piece)
+            i += 1
+        return bytes(out)
 
     def key(self, group_index: int, chunk: int) -> ChunkKey | None:
         """The key of ``chunk`` of group ``group_index``; None until its tokens are known."""
@@ -163,31 +200,51 @@ class KeyChain:
         if chunk < 0:
             raise ValueError(f"chunk index must be >= 0, got {chunk}")
         end = (chunk + 1) * group.tokens_per_chunk
-        if end + group.lookahead > len(self._tokens):
+        if end + group.lookahead > self.num_tokens:
             return None
         base = self._spine[end // self._unit - 1]
         if group.lookahead:
-            tail = self._bytes[end * 4 : (end + group.lookahead) * 4]
+            tail = self._byte_slice(end * 4, (end + group.lookahead) * 4)
             base = self._new(base + tail).digest()
         return ChunkKey(self._tags[group_index] + base)
 
     def keys(self, group_index: int, chunks: Iterable[int]) -> list[ChunkKey]:
         """Keys of several chunks; raises if any chunk's tokens are not all known yet."""
-        out = []
-        for c in chunks:
-            k = self.key(group_index, c)
-            if k is None:
-                raise ValueError(f"chunk {c} of group {group_index} needs tokens not known yet")
-            out.append(k)
-        return out
+        group = self.layout.groups[group_index]
+        chunks = list(chunks)
+        if not chunks:
+            return []
+        top = (max(chunks) + 1) * group.tokens_per_chunk + group.lookahead
+        if min(chunks) < 0 or top > self.num_tokens:
+            bad = min(chunks) if min(chunks) < 0 else max(chunks)
+            raise ValueError(f"chunk {bad} of group {group_index} needs tokens not known yet"
+                             if bad >= 0 else f"chunk index must be >= 0, got {bad}")
+        if group.lookahead:
+            return [self.key(group_index, c) for c in chunks]  # type: ignore[misc]
+        tag, spine, per = self._tags[group_index], self._spine, group.tokens_per_chunk // self._unit
+        return [ChunkKey(tag + spine[(c + 1) * per - 1]) for c in chunks]
 
 
-def _to_array(tokens: Iterable[int]) -> array[int]:
+def _token_bytes(tokens: Iterable[int]) -> bytes:
+    """Token ids as little-endian uint32 bytes; ValueError for anything else."""
+    if isinstance(tokens, np.ndarray):
+        return _numpy_bytes(tokens)
     if hasattr(tokens, "dtype") and hasattr(tokens, "tolist"):
-        tokens = tokens.tolist()  # numpy or torch: validate as Python ints
+        tokens = tokens.tolist()  # torch and friends: validate as Python ints
     try:
-        return array("I", tokens)
+        arr = array("I", tokens)
     except (OverflowError, TypeError) as e:
-        raise ValueError(
-            f"token ids must be integers in [0, {MAX_TOKEN_ID}]: {e}"
-        ) from None
+        raise ValueError(f"token ids must be integers in [0, {MAX_TOKEN_ID}]: {e}") from None
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _numpy_bytes(tokens: np.ndarray) -> bytes:
+    """Fast path: validate bounds vectorised, then convert once."""
+    bad = f"token ids must be integers in [0, {MAX_TOKEN_ID}]"
+    if tokens.dtype.kind not in "iu":
+        raise ValueError(f"{bad}, got dtype {tokens.dtype}")
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > MAX_TOKEN_ID):
+        raise ValueError(bad)
+    return np.ascontiguousarray(tokens.ravel(), dtype="<u4").tobytes()

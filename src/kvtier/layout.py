@@ -55,6 +55,8 @@ class Group:
     """KV bytes per token for attention groups (all layers of the group together)."""
     bytes_per_state: int | None = None
     """Bytes of one recurrent state (all layers of the group), for ``state`` groups."""
+    num_layers: int = 1
+    """Layers in the group; ``bytes_per_token`` covers all of them."""
     name: str = ""
     """Optional human name, for tables."""
 
@@ -66,6 +68,7 @@ class Group:
         _check_int("blocks_per_chunk", self.blocks_per_chunk, 1, where)
         _check_int("extra_retained", self.extra_retained, 0, where)
         _check_int("lookahead", self.lookahead, 0, where)
+        _check_int("num_layers", self.num_layers, 1, where)
         self._check_kind_fields(where)
         if self.bytes_per_token is not None:
             _check_int("bytes_per_token", self.bytes_per_token, 1, where)

@@ -1,0 +1,7 @@
+"""``python -m kvtier`` runs the command line."""
+
+import sys
+
+from kvtier.cli import main
+
+sys.exit(main())

@@ -1,0 +1,64 @@
+"""Entry point and command registry for ``kvtier``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+from kvtier.cli.common import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _commands() -> list[Command]:
+    from kvtier.cli import explain
+
+    found = [explain.COMMAND]
+    for module in ("replay", "demo"):
+        try:
+            mod = __import__(f"kvtier.cli.{module}", fromlist=["COMMAND"])
+        except ImportError as e:
+            if e.name != f"kvtier.cli.{module}":
+                raise
+            continue
+        found.append(mod.COMMAND)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvtier", description="A tiered KV cache for LLM serving.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for cmd in _commands():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args))
+    except UsageError as e:
+        print(f"kvtier {args.command}: error: {e}", file=sys.stderr)
+        return 2

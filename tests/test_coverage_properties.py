@@ -1,0 +1,140 @@
+"""The four invariants of the coverage contract, against a brute-force token-walking oracle."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier import coverage
+from kvtier.layout import Group, Layout
+from strategies import groups, layouts
+
+CASES = settings(max_examples=2500)
+
+
+# -- the oracle: walks token by token, from the definitions in DESIGN section 3 ----------
+
+
+def kept_tokens(g: Group, b: int) -> set[int]:
+    """Positions before b whose KV the engine keeps to continue from b."""
+    out = set()
+    for p in range(b):
+        if g.kind == "full":
+            keep = True
+        elif g.kind == "sliding_window":
+            assert g.window is not None
+            keep = p >= b - g.window + 1 - g.extra_retained
+        elif g.kind == "chunked_local":
+            assert g.chunk is not None
+            keep = p // g.chunk == b // g.chunk
+        else:
+            keep = p == b - 1
+        if keep:
+            out.add(p)
+    return out
+
+
+def oracle_boundaries(layout: Layout, n: int, prompt: int | None = None) -> list[int]:
+    d = max(g.lookahead for g in layout.groups)
+    return [
+        b for b in range(1, n + 1)
+        if b % layout.hit_granularity == 0 and b + d <= n and (prompt is None or b <= prompt - 1)
+    ]
+
+
+def oracle_required(g: Group, b: int) -> set[int]:
+    return {p // g.tokens_per_chunk for p in kept_tokens(g, b)}
+
+
+def oracle_store(layout: Layout, gi: int, horizon: int) -> set[int]:
+    out: set[int] = set()
+    for b in oracle_boundaries(layout, horizon):
+        out |= oracle_required(layout.groups[gi], b)
+    return out
+
+
+def loaded_blocks(g: Group, runs: tuple[coverage.BlockRun, ...]) -> set[int]:
+    return {
+        r.chunk * g.blocks_per_chunk + r.first_block + i for r in runs for i in range(r.num_blocks)
+    }
+
+
+# -- properties ------------------------------------------------------------------------
+
+
+@CASES
+@given(layouts(), st.integers(0, 400), st.data())
+def test_contract_matches_oracle_and_invariants(layout: Layout, horizon: int, data) -> None:
+    bounds = oracle_boundaries(layout, horizon)
+    assert list(coverage.admissible_boundaries(layout, horizon)) == bounds
+    for gi, g in enumerate(layout.groups):
+        stored = coverage.store_set(layout, gi, horizon)
+        assert set(stored) == oracle_store(layout, gi, horizon)
+        for b in bounds:
+            req = set(coverage.required(g, b))
+            assert req == oracle_required(g, b)
+            assert req <= set(stored)  # invariant 2: no write-only cache
+        # invariant 3: nothing stored that no admissible boundary needs
+        for c in stored:
+            assert any(c in coverage.required(g, b) for b in bounds)
+        if bounds:
+            b = data.draw(st.sampled_from(bounds))
+            dev = data.draw(st.integers(0, b // g.tokens_per_block)) * g.tokens_per_block
+            runs = coverage.load_set(g, b, dev)
+            # invariant 1: the load never asks for a chunk the lookup did not check
+            assert {r.chunk for r in runs} <= set(coverage.required(g, b))
+            tpb = g.tokens_per_block
+            want = {p // tpb for p in kept_tokens(g, b) if p >= dev}
+            assert loaded_blocks(g, runs) == want
+
+
+@CASES
+@given(groups(), st.integers(0, 300))
+def test_allocator_keeps_exactly_retained_blocks(g: Group, b: int) -> None:
+    """Invariant 4, at every position (not only boundaries)."""
+    want = {p // g.tokens_per_block for p in kept_tokens(g, b)}
+    assert set(coverage.retained_blocks(g, b)) == want
+    span = coverage.retained(g, b)
+    assert set(range(span.start, span.end)) == kept_tokens(g, b)
+
+
+@settings(max_examples=600)
+@given(layouts(), st.lists(st.integers(0, 120), min_size=1, max_size=6))
+def test_store_delta_sums_to_store_set(layout: Layout, steps: list[int]) -> None:
+    horizons = [0]
+    for s in steps:
+        horizons.append(horizons[-1] + s)
+    for gi in range(len(layout.groups)):
+        seen: set[int] = set()
+        for old, new in itertools.pairwise(horizons):
+            delta = set(coverage.store_delta(layout, gi, old, new))
+            assert not delta & seen
+            want = set(coverage.store_set(layout, gi, new)) - set(
+                coverage.store_set(layout, gi, old)
+            )
+            assert delta == want
+            seen |= delta
+        assert seen == set(coverage.store_set(layout, gi, horizons[-1]))
+
+
+@settings(max_examples=300)
+@given(layouts(), st.integers(1, 300), st.integers(1, 300))
+def test_consumer_boundaries_capped_below_prompt(layout: Layout, n: int, prompt: int) -> None:
+    got = list(coverage.admissible_boundaries(layout, n, num_prompt_tokens=prompt))
+    assert got == oracle_boundaries(layout, n, prompt)
+    assert all(b <= prompt - 1 for b in got)
+
+
+@settings(max_examples=500)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=8),
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=8))
+def test_chunk_ranges_set_algebra(a, b) -> None:
+    ra, rb = coverage.ChunkRanges.of(a), coverage.ChunkRanges.of(b)
+    sa = {c for lo, hi in a for c in range(lo, hi)}
+    sb = {c for lo, hi in b for c in range(lo, hi)}
+    assert set(ra) == sa and len(ra) == len(sa)
+    assert set(ra.union(rb)) == sa | sb
+    assert set(ra.minus(rb)) == sa - sb
+    assert all((c in ra) == (c in sa) for c in range(-1, 62))

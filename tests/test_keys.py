@@ -1,0 +1,100 @@
+"""Chained keys: identity of prefixes, namespaces, lookahead and incremental hashing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.keys import KeyChain, Namespace
+from kvtier.layout import Group, Layout
+
+LAYOUT = Layout((Group("full", 16), Group("sliding_window", 4, window=8),
+                 Group("full", 16, lookahead=2, name="draft")))
+NS = Namespace("test-model")
+
+
+def chain(tokens, layout=LAYOUT, ns=NS) -> KeyChain:
+    return KeyChain(layout, ns, tokens)
+
+
+def test_key_needs_every_token_including_lookahead():
+    c = chain(range(17))
+    assert c.key(0, 0) is not None
+    assert c.key(2, 0) is None  # draft chunk 0 covers tokens [0, 18)
+    c.extend([17])
+    assert c.key(2, 0) is not None
+    with pytest.raises(ValueError, match="not known yet"):
+        c.keys(0, [0, 1])
+
+
+def test_same_prefix_same_key_and_divergence_changes_later_keys():
+    a, b = chain(list(range(64))), chain([*range(40), 999, *range(41, 64)])
+    assert a.key(0, 1) == b.key(0, 1)  # chunk 1 ends at 32, before the divergence at 40
+    assert a.key(0, 2) != b.key(0, 2)
+    assert a.key(0, 3) != b.key(0, 3)
+    assert a.key(1, 9) == b.key(1, 9)  # 4-token chunk 9 ends at 40
+    assert a.key(1, 10) != b.key(1, 10)
+    # draft chunk 1 covers tokens [0, 34): equal; chunk 2 [0, 50) differs
+    assert a.key(2, 1) == b.key(2, 1) and a.key(2, 2) != b.key(2, 2)
+
+
+def test_divergence_right_after_a_boundary_changes_only_draft_key():
+    a, b = chain([*range(32), 5, 6]), chain([*range(32), 7, 8])
+    assert a.key(0, 1) == b.key(0, 1)
+    assert a.key(2, 1) != b.key(2, 1)
+
+
+def test_groups_and_namespaces_never_share_keys():
+    c = chain(range(64))
+    keys = {c.key(g, 0) for g in range(2)}
+    assert len(keys) == 2
+    others = [
+        Namespace("test-model", tenant_salt="tenant-b"),
+        Namespace("other-model"),
+        Namespace("test-model", revision="v2"),
+        Namespace("test-model", kv_dtype="float8_e4m3fn"),
+        Namespace("test-model", hash_name="sha256"),
+    ]
+    for ns in others:
+        assert chain(range(64), ns=ns).key(0, 0) != c.key(0, 0)
+
+
+def test_keys_are_deterministic_across_processes():
+    """A fixed vector: a change to the key scheme must bump LAYOUT_VERSION."""
+    key = chain(range(16), Layout((Group("full", 16),))).key(0, 0)
+    assert key is not None and len(key) == 40
+    assert key == chain(np.arange(16, dtype=np.int64), Layout((Group("full", 16),))).key(0, 0)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=200),
+       st.lists(st.integers(1, 50), min_size=1, max_size=8))
+def test_incremental_equals_one_shot(tokens: list[int], cuts: list[int]) -> None:
+    whole = chain(tokens)
+    grown = chain([])
+    pos = 0
+    for cut in [*cuts, len(tokens)]:
+        grown.extend(tokens[pos : pos + cut])
+        pos += cut
+    grown.extend(tokens[pos:])
+    assert grown.num_tokens == len(tokens)
+    for g, group in enumerate(LAYOUT.groups):
+        for c in range(len(tokens) // group.tokens_per_chunk + 1):
+            assert grown.key(g, c) == whole.key(g, c)
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**32], [1.5], ["a"]])
+def test_bad_tokens_are_rejected(bad):
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        chain(bad)
+
+
+def test_bad_namespace_and_chunk():
+    with pytest.raises(ValueError, match="hash must be"):
+        Namespace("m", hash_name="md5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="model must name"):
+        Namespace("")
+    with pytest.raises(ValueError, match="chunk index"):
+        chain(range(16)).key(0, -1)
