@@ -138,3 +138,22 @@ def test_chunk_ranges_set_algebra(a, b) -> None:
     assert set(ra.union(rb)) == sa | sb
     assert set(ra.minus(rb)) == sa - sb
     assert all((c in ra) == (c in sa) for c in range(-1, 62))
+
+
+@settings(max_examples=400)
+@given(layouts(), st.integers(0, 160), st.data())
+def test_stored_blocks_cover_every_block_a_hit_loads(layout: Layout, horizon: int, data) -> None:
+    """The producer copies, of each stored chunk, every block any consumer may load."""
+    bounds = oracle_boundaries(layout, horizon)
+    for gi, g in enumerate(layout.groups):
+        for c in coverage.store_set(layout, gi, horizon):
+            run = coverage.store_blocks(layout, gi, c)
+            held = loaded_blocks(g, (run,))
+            for b in bounds:
+                for r in coverage.load_set(g, b):
+                    if r.chunk == c:
+                        assert loaded_blocks(g, (r,)) <= held
+            # and every block it copies is still kept by the engine at the chunk's first
+            # boundary, so it is live when the producer stores it
+            first = next(b for b in bounds if c in coverage.required(g, b))
+            assert held <= set(coverage.retained_blocks(g, first))

@@ -280,3 +280,24 @@ def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:
         if lo < hi:
             runs.append(BlockRun(chunk, lo - chunk * bpc, hi - lo))
     return tuple(runs)
+
+
+def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:
+    """The blocks of ``chunk`` a stored copy must hold: every block some hit may load.
+
+    Retained spans only move right as the boundary grows, so the first admissible
+    boundary at or past the chunk's end needs the most of it. Blocks before that are dead
+    for every hit (an engine may already have freed them) and are not copied.
+
+    Example: sliding window 8, 4-token blocks in 16-token chunks, granularity 64: chunk 3
+    (tokens 48..63) is needed only by the hit at 64, which keeps tokens 57..63: blocks 2
+    and 3 of the chunk. A state chunk holds one block: the state after its last token.
+    """
+    group = layout.groups[group_index]
+    bpc, g = group.blocks_per_chunk, layout.hit_granularity
+    end = (chunk + 1) * group.tokens_per_chunk
+    first_boundary = -(-end // g) * g
+    keep = retained_blocks(group, first_boundary)
+    lo = max(keep.start, chunk * bpc)
+    hi = (chunk + 1) * bpc
+    return BlockRun(chunk, lo - chunk * bpc, max(0, hi - lo))
