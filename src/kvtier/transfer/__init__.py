@@ -1,0 +1,23 @@
+"""The data plane: moves chunks between an engine's KV tensors and host slots.
+
+Needs torch (the ``torch`` extra); nothing outside ``kvtier.transfer`` imports torch.
+See :mod:`kvtier.transfer.spec` for the slot byte layout and :mod:`kvtier.transfer.engine`
+for the job protocol.
+"""
+
+from kvtier.transfer.engine import DEFAULT_STAGING_BYTES, TransferEngine
+from kvtier.transfer.mover import FaultHook
+from kvtier.transfer.spec import ChunkCopy, Direction, GroupKV, JobResult, Slot
+from kvtier.transfer.views import allocate_slab
+
+__all__ = [
+    "DEFAULT_STAGING_BYTES",
+    "ChunkCopy",
+    "Direction",
+    "FaultHook",
+    "GroupKV",
+    "JobResult",
+    "Slot",
+    "TransferEngine",
+    "allocate_slab",
+]

@@ -1,0 +1,215 @@
+"""The transfer engine: asynchronous, ordered store and load jobs over registered KV tensors.
+
+Protocol::
+
+    engine = TransferEngine(layout, [GroupKV(full_layers), GroupKV(swa_layers)])
+    engine.start()                          # optional: the first submit starts it too
+    job = engine.submit_store([ChunkCopy(0, slab[5], block_ids=(7, 8, 9, 10))])
+    result = engine.wait(job)               # or engine.poll() for every finished job
+    assert result.ok
+    engine.close()                          # drains queued jobs, stops the workers
+
+Why the steps are separate: ``submit_*`` checks the copies and returns at once (on CUDA,
+after recording an event on the caller's current stream, which the job waits for before it
+touches any byte); the bytes move on one worker thread per direction, so stores never
+queue behind loads and each direction runs its jobs in submission order; ``poll`` and
+``wait`` hand back each job's :class:`JobResult` exactly once. No thread starts in the
+constructor: ``start`` (or the first submit) starts both workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import torch
+
+from kvtier.coverage import BlockRun
+from kvtier.layout import Layout
+from kvtier.transfer.mover import FaultHook, Mover
+from kvtier.transfer.plan import Batch, plan_job
+from kvtier.transfer.spec import ChunkCopy, Direction, GroupKV, JobResult, Slot, as_copies
+from kvtier.transfer.views import build_views
+
+DEFAULT_STAGING_BYTES = 4 << 20
+"""Staging per direction on the KV device; a job larger than this runs in several batches."""
+
+
+@dataclass(frozen=True)
+class _Job:
+    job_id: int
+    batches: list[Batch]
+    ready: object | None
+
+
+class _Worker:
+    """One direction: a FIFO queue and the thread that drains it."""
+
+    def __init__(
+        self, direction: Direction, mover: Mover, report: Callable[[JobResult], None]
+    ) -> None:
+        self.direction = direction
+        self._mover = mover
+        self._report = report
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=f"kvtier-{direction}", daemon=True)
+        self._thread.start()
+
+    def put(self, job: _Job) -> None:
+        self._queue.put(job)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        run = self._mover.store if self.direction == "store" else self._mover.load
+        while (job := self._queue.get()) is not None:
+            try:
+                run(job.batches, job.ready)
+                result = JobResult(job.job_id, self.direction, ok=True)
+            except Exception as exc:  # reported to the caller, never swallowed
+                result = JobResult(job.job_id, self.direction, ok=False, error=exc)
+            self._report(result)
+
+
+class TransferEngine:
+    """Moves chunks between registered engine KV tensors and host slots.
+
+    ``kv`` holds one :class:`GroupKV` per layout group, in layout order; registration is
+    checked here (``ValueError`` says what to fix). ``fault``, for tests, is called with
+    each copy just before its slot bytes move; if it raises, that job fails and later jobs
+    run normally. ``staging_bytes`` bounds the staging buffer of each direction.
+    """
+
+    def __init__(
+        self, layout: Layout, kv: Sequence[GroupKV], *, fault: FaultHook | None = None,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
+    ) -> None:
+        self._views, self.device = build_views(layout, kv)
+        self._layout = layout
+        self._fault = fault
+        self._staging_bytes = staging_bytes
+        self._ids = itertools.count()
+        self._cond = threading.Condition()
+        self._pending: set[int] = set()
+        self._done: dict[int, JobResult] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._closed = False
+
+    # -- sizes -------------------------------------------------------------------------
+
+    def chunk_bytes(self, group: int) -> int:
+        """Bytes of one chunk of ``group`` in a slot (the slot prefix it uses)."""
+        return self._views[group].chunk_bytes
+
+    @property
+    def slot_bytes(self) -> int:
+        """The smallest slot that holds a chunk of every group: the largest chunk."""
+        return max(v.chunk_bytes for v in self._views)
+
+    def copy_for_run(
+        self, group: int, slot: Slot, run: BlockRun, block_table: Sequence[int]
+    ) -> ChunkCopy:
+        """The copy for a :class:`BlockRun` (from ``load_set``), given the group's block table.
+
+        ``block_table[i]`` is the engine block holding the request's block ``i``. Example:
+        4 blocks per chunk, ``BlockRun(chunk=1, first_block=3, num_blocks=1)`` and
+        ``block_table[7] == 42`` give ``ChunkCopy(group, slot, (42,), first_block=3)``. For
+        a state group the run must be the chunk's last block, and maps to slot block 0.
+        """
+        bpc = self._layout.groups[group].blocks_per_chunk
+        start = run.chunk * bpc + run.first_block
+        ids = tuple(block_table[start : start + run.num_blocks])
+        if len(ids) != run.num_blocks:
+            raise ValueError(f"block_table has {len(block_table)} entries; {run} needs "
+                             f"{start + run.num_blocks}")
+        if self._views[group].blocks_per_slot == 1 and bpc > 1:
+            if run.num_blocks != 1 or run.first_block != bpc - 1:
+                raise ValueError(f"a state chunk holds only its last block; got {run}")
+            return ChunkCopy(group, slot, ids, first_block=0)
+        return ChunkCopy(group, slot, ids, first_block=run.first_block)
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the two worker threads (idempotent; ``submit_*`` calls it lazily)."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("TransferEngine is closed")
+            if self._workers:
+                return
+            for direction in ("store", "load"):
+                mover = Mover(self.device, self._fault)
+                self._workers[direction] = _Worker(direction, mover, self._report)
+
+    def submit_store(self, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
+        """Queue engine blocks -> slots; returns the job id. Bad copies raise ValueError."""
+        return self._submit("store", copies)
+
+    def submit_load(self, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
+        """Queue slots -> engine blocks; returns the job id. Bad copies raise ValueError."""
+        return self._submit("load", copies)
+
+    def poll(self) -> list[JobResult]:
+        """Every job finished since the last poll or wait, by job id; each reported once."""
+        with self._cond:
+            out = [self._done.pop(j) for j in sorted(self._done)]
+        return out
+
+    def wait(self, job_id: int, timeout: float | None = None) -> JobResult:
+        """Block until ``job_id`` finishes; ``TimeoutError`` if it has not after ``timeout`` s."""
+        with self._cond:
+            if job_id not in self._pending and job_id not in self._done:
+                raise ValueError(f"job {job_id} is unknown or its result was already collected")
+            if not self._cond.wait_for(lambda: job_id in self._done, timeout):
+                raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
+            return self._done.pop(job_id)
+
+    def close(self) -> None:
+        """Run every queued job, then stop the workers. Later submits raise RuntimeError."""
+        with self._cond:
+            self._closed = True
+            workers, self._workers = list(self._workers.values()), {}
+        for worker in workers:
+            worker.stop()
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _submit(self, direction: Direction, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
+        items = as_copies(copies)
+        batches = plan_job(self._views, direction, items, self._staging_bytes)
+        self.start()
+        ready = self._record_ready()
+        with self._cond:  # ids and queue order agree, even with concurrent submitters
+            if self._closed:
+                raise RuntimeError("TransferEngine is closed")
+            job_id = next(self._ids)
+            self._pending.add(job_id)
+            self._workers[direction].put(_Job(job_id, batches, ready))
+        return job_id
+
+    def _record_ready(self) -> object | None:
+        """On CUDA, an event on the caller's current stream: the job starts after it."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def _report(self, result: JobResult) -> None:
+        with self._cond:
+            self._pending.discard(result.job_id)
+            self._done[result.job_id] = result
+            self._cond.notify_all()

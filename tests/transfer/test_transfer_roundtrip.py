@@ -1,0 +1,194 @@
+"""Round trips: engine blocks -> slots -> engine blocks, byte for byte, against an oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transfer_helpers import (
+    DTYPES,
+    blocks_equal,
+    expected_slot,
+    random_group,
+    random_tensor,
+    same_bytes,
+    snapshot,
+)
+
+from kvtier.coverage import load_set
+from kvtier.layout import Group, Layout
+from kvtier.transfer import ChunkCopy, GroupKV, TransferEngine, allocate_slab
+
+FILL = 0xAB
+
+
+def engine_for(layout: Layout, kv: list[GroupKV], **kw: object) -> TransferEngine:
+    return TransferEngine(layout, kv, **kw)  # type: ignore[arg-type]
+
+
+def fresh_slab(engine: TransferEngine, num_slots: int, extra: int = 64) -> torch.Tensor:
+    slab = allocate_slab(num_slots, engine.slot_bytes + extra, engine.device)
+    slab.fill_(FILL)
+    return slab
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_store_then_load_restores_exact_bytes(axis: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    layout = Layout((Group("full", tokens_per_block=4, blocks_per_chunk=3),))
+    kv = random_group(3, axis, num_blocks=20, tokens=4, dtype=dtype, gen=gen)
+    original = snapshot(kv)
+    tables = [[3, 17, 5], [0, 1, 2], [19, 8, 11]]
+    with engine_for(layout, [kv]) as engine:
+        slab = fresh_slab(engine, 3)
+        copies = [ChunkCopy(0, slab[i], ids) for i, ids in enumerate(tables)]
+        assert engine.wait(engine.submit_store(copies)).ok
+        for i, copy in enumerate(copies):
+            n = engine.chunk_bytes(0)
+            assert torch.equal(slab[i, :n], expected_slot(kv, 3, copy, FILL))
+            assert bool((slab[i, n:] == FILL).all()), "bytes past the chunk were written"
+        for t in kv.layers:
+            t.reshape(-1).view(torch.uint8).zero_()
+        assert engine.wait(engine.submit_load(copies)).ok
+    moved = [b for ids in tables for b in ids]
+    untouched = sorted(set(range(20)) - set(moved))
+    for now, before in zip(kv.layers, original, strict=True):
+        assert blocks_equal(now, before, axis, moved, moved)
+        rest = _blocks(now, axis, untouched)
+        zeros = [not block.reshape(-1).view(torch.uint8).any() for block in rest]
+        assert all(zeros), "a block outside the job was written"
+
+
+def _blocks(t: torch.Tensor, axis: int, ids: list[int]) -> list[torch.Tensor]:
+    return [t[b] if axis == 0 else t[:, b] for b in ids]
+
+
+def test_load_into_other_blocks_moves_kv_between_block_ids() -> None:
+    gen = torch.Generator().manual_seed(2)
+    layout = Layout((Group("full", tokens_per_block=2, blocks_per_chunk=2),))
+    kv = random_group(2, 0, num_blocks=10, tokens=2, dtype=torch.bfloat16, gen=gen)
+    original = snapshot(kv)
+    with engine_for(layout, [kv]) as engine:
+        slab = fresh_slab(engine, 1)
+        assert engine.wait(engine.submit_store(ChunkCopy(0, slab[0], (1, 2)))).ok
+        assert engine.wait(engine.submit_load(ChunkCopy(0, slab[0], (7, 4)))).ok
+    for now, before in zip(kv.layers, original, strict=True):
+        assert blocks_equal(now, before, 0, [7, 4], [1, 2])
+        assert blocks_equal(now, before, 0, [0, 3, 5, 6, 8, 9], [0, 3, 5, 6, 8, 9])
+
+
+def hybrid_layout() -> tuple[Layout, list[GroupKV]]:
+    """Full attention (16-token blocks), sliding window (4-token blocks, 4 per chunk), state."""
+    gen = torch.Generator().manual_seed(3)
+    layout = Layout((
+        Group("full", 16, 1, bytes_per_token=2 * (2 * 2 * 8 * 2)),
+        Group("sliding_window", 4, 4, window=8, bytes_per_token=3 * (2 * 1 * 8 * 4)),
+        Group("state", 16, 1, bytes_per_state=2 * 24 * 2),
+    ))
+    kv = [
+        random_group(2, 1, num_blocks=12, tokens=16, dtype=torch.bfloat16, gen=gen),
+        random_group(3, 0, num_blocks=40, tokens=4, dtype=torch.float32, gen=gen, heads=1),
+        GroupKV(tuple(random_tensor((9, 4, 6), torch.float16, gen) for _ in range(2))),
+    ]
+    return layout, kv
+
+
+def test_groups_with_different_block_sizes_share_one_job_and_one_slab() -> None:
+    layout, kv = hybrid_layout()
+    originals = [snapshot(k) for k in kv]
+    with engine_for(layout, kv) as engine:
+        assert engine.slot_bytes == layout.max_bytes_per_chunk == engine.chunk_bytes(1) == 3072
+        slab = fresh_slab(engine, 4)
+        numpy_slot = np.full(engine.slot_bytes, FILL, dtype=np.uint8)
+        copies = [
+            ChunkCopy(0, slab[0], (5,)), ChunkCopy(1, slab[1], (9, 3, 30, 31)),
+            ChunkCopy(1, numpy_slot, (0, 1, 2, 39)), ChunkCopy(2, slab[2], (8,)),
+        ]
+        assert engine.wait(engine.submit_store(copies)).ok
+        assert torch.equal(torch.from_numpy(numpy_slot)[:3072],
+                           expected_slot(kv[1], 4, copies[2], FILL))
+        for k in kv:
+            for t in k.layers:
+                t.zero_()
+        assert engine.wait(engine.submit_load(copies)).ok
+    for copy in copies:
+        group = kv[copy.group]
+        for now, before in zip(group.layers, originals[copy.group], strict=True):
+            ids = list(copy.block_ids)
+            assert blocks_equal(now, before, group.block_axis, ids, ids)
+
+
+def test_partial_block_run_loads_only_live_blocks() -> None:
+    """Sliding window 8, E=5, 2-token blocks, 8-token chunks, hit at 24: retained [12, 24),
+    so chunk 1 from its block 2 on (request blocks 6, 7), then chunk 2 whole."""
+    gen = torch.Generator().manual_seed(4)
+    group = Group("sliding_window", 2, 4, window=8, extra_retained=5)
+    runs = load_set(group, 24)
+    assert [(r.chunk, r.first_block, r.num_blocks) for r in runs] == [(1, 2, 2), (2, 0, 4)]
+    kv = random_group(2, 1, num_blocks=16, tokens=2, dtype=torch.float16, gen=gen)
+    original = snapshot(kv)
+    table = list(range(15, 3, -1))  # request block i lives in engine block table[i]
+    with engine_for(Layout((group,)), [kv]) as engine:
+        slab = fresh_slab(engine, 3)
+        stores = [ChunkCopy(0, slab[c], table[4 * c : 4 * c + 4]) for c in range(3)]
+        assert engine.wait(engine.submit_store(stores)).ok
+        for t in kv.layers:
+            t.view(torch.int16).fill_(-1)
+        loads = [engine.copy_for_run(0, slab[r.chunk], r, table) for r in runs]
+        assert [(c.block_ids, c.first_block) for c in loads] == [((9, 8), 2), ((7, 6, 5, 4), 0)]
+        assert engine.wait(engine.submit_load(loads)).ok
+    live = [9, 8, 7, 6, 5, 4]
+    dead = [b for b in range(16) if b not in live]
+    for now, before in zip(kv.layers, original, strict=True):
+        assert blocks_equal(now, before, 1, live, live)
+        assert all(bool((blk.view(torch.int16) == -1).all()) for blk in _blocks(now, 1, dead))
+
+
+def test_partial_store_writes_only_its_blocks() -> None:
+    gen = torch.Generator().manual_seed(5)
+    layout = Layout((Group("sliding_window", 4, 4, window=4),))
+    kv = random_group(2, 0, num_blocks=8, tokens=4, dtype=torch.float32, gen=gen)
+    with engine_for(layout, [kv]) as engine:
+        slab = fresh_slab(engine, 1)
+        copy = ChunkCopy(0, slab[0], (6,), first_block=3)
+        assert engine.wait(engine.submit_store(copy)).ok
+        assert torch.equal(slab[0, : engine.chunk_bytes(0)], expected_slot(kv, 4, copy, FILL))
+
+
+def test_state_chunk_holds_one_block_the_state_after_its_last_token() -> None:
+    """4-token blocks, 2 blocks per chunk: a hit at 16 needs the state in request block 3."""
+    gen = torch.Generator().manual_seed(6)
+    group = Group("state", 4, 2, bytes_per_state=3 * 40)
+    kv = GroupKV(tuple(random_tensor((6, 10, 2), torch.float16, gen) for _ in range(3)))
+    original = snapshot(kv)
+    table = [5, 4, 3, 2]
+    with engine_for(Layout((group,)), [kv]) as engine:
+        assert engine.chunk_bytes(0) == 120
+        slab = fresh_slab(engine, 1)
+        (run,) = load_set(group, 16)
+        copy = engine.copy_for_run(0, slab[0], run, table)
+        assert (copy.block_ids, copy.first_block) == ((2,), 0)
+        assert engine.wait(engine.submit_store(copy)).ok
+        assert torch.equal(slab[0, :120], expected_slot(kv, 1, copy, FILL))
+        assert engine.wait(engine.submit_load(ChunkCopy(0, slab[0], (0,)))).ok
+    for now, before in zip(kv.layers, original, strict=True):
+        assert same_bytes(now[0], before[2])
+        assert same_bytes(now[1:], before[1:])
+
+
+def test_jobs_larger_than_staging_run_in_batches() -> None:
+    gen = torch.Generator().manual_seed(7)
+    layout = Layout((Group("full", 4, 2),))
+    kv = random_group(2, 1, num_blocks=64, tokens=4, dtype=torch.bfloat16, gen=gen)
+    original = snapshot(kv)
+    with engine_for(layout, [kv], staging_bytes=1) as engine:
+        slab = fresh_slab(engine, 32)
+        perm = torch.randperm(64, generator=gen).tolist()
+        copies = [ChunkCopy(0, slab[i], perm[2 * i : 2 * i + 2]) for i in range(32)]
+        assert engine.wait(engine.submit_store(copies)).ok
+        for t in kv.layers:
+            t.zero_()
+        assert engine.wait(engine.submit_load(copies)).ok
+    for now, before in zip(kv.layers, original, strict=True):
+        assert same_bytes(now, before)
