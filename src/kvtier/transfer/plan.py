@@ -97,7 +97,7 @@ def _check_distinct(
     if direction == "store":
         seen = _first_duplicate(_slot_ranges(views, copies, slots))
         if seen is not None:
-            raise ValueError(f"store: copies {seen} write overlapping slot bytes")
+            raise ValueError(f"store: copies {seen[0]} and {seen[1]} write overlapping slot bytes")
         return
     blocks = ((c.group, b) for c in copies for b in c.block_ids)
     dup = _first_repeat(blocks)

@@ -1,0 +1,145 @@
+"""Bad registrations and bad copies fail early, with messages that say what to fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+from transfer_helpers import kv_shape
+
+from kvtier.layout import Group, Layout
+from kvtier.transfer import ChunkCopy, GroupKV, TransferEngine, allocate_slab
+
+FULL = Group("full", tokens_per_block=4, blocks_per_chunk=2, bytes_per_token=2 * (2 * 2 * 8 * 2))
+STATE = Group("state", tokens_per_block=4, blocks_per_chunk=2, bytes_per_state=64)
+LAYOUT = Layout((FULL, STATE))
+
+
+def layer(num_blocks: int = 10, tokens: int = 4, axis: int = 0,
+          dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    return torch.zeros(kv_shape(axis, num_blocks, tokens), dtype=dtype)
+
+
+def state_layer(num_blocks: int = 10) -> torch.Tensor:
+    return torch.zeros((num_blocks, 16), dtype=torch.float16)
+
+
+def good_kv() -> list[GroupKV]:
+    return [GroupKV((layer(), layer())), GroupKV((state_layer(), state_layer()))]
+
+
+BAD_REGISTRATIONS: dict[str, tuple[Callable[[], list[GroupKV]], str]] = {
+    "too few groups": (lambda: good_kv()[:1], "layout has 2 groups but 1 GroupKV"),
+    "num_blocks differ": (
+        lambda: [GroupKV((layer(10), layer(12))), good_kv()[1]],
+        r"different num_blocks \[10, 12\]"),
+    "block size": (
+        lambda: [GroupKV((layer(tokens=8), layer(tokens=8))), good_kv()[1]],
+        "8 tokens per block at axis 2 .* tokens_per_block=4"),
+    "bytes per token": (
+        lambda: [GroupKV((layer(dtype=torch.float32), layer())), good_kv()[1]],
+        "bytes per token .* bytes_per_token=128"),
+    "one layer too few": (lambda: [GroupKV((layer(),)), good_kv()[1]], "bytes_per_token=128"),
+    "bytes per state": (
+        lambda: [good_kv()[0], GroupKV((state_layer(),))], "bytes_per_state=64"),
+    "non-contiguous": (
+        lambda: [GroupKV((layer(), layer(axis=1).transpose(0, 1))), good_kv()[1]],
+        "layer 1 is not contiguous"),
+    "too few dims": (
+        lambda: [good_kv()[0], GroupKV((torch.zeros(10, 16),) * 2, block_axis=1)],
+        "block axis 1 needs at least 3 dimensions"),
+    "empty group": (lambda: [GroupKV(()), good_kv()[1]], "at least one layer"),
+    "not a tensor": (
+        lambda: [GroupKV((np.zeros((10, 2, 4, 2, 8)),) * 2), good_kv()[1]],  # type: ignore[arg-type]
+        "must be torch tensors"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REGISTRATIONS))
+def test_bad_registration_is_refused(case: str) -> None:
+    build, message = BAD_REGISTRATIONS[case]
+    with pytest.raises(ValueError, match=message):
+        TransferEngine(LAYOUT, build())
+
+
+def test_block_axis_must_be_zero_or_one() -> None:
+    with pytest.raises(ValueError, match="block_axis must be 0 or 1"):
+        GroupKV((layer(),), block_axis=2)  # type: ignore[arg-type]
+
+
+def test_both_block_axes_register_for_one_layout() -> None:
+    TransferEngine(LAYOUT, [GroupKV((layer(axis=1), layer(axis=1)), block_axis=1), good_kv()[1]])
+
+
+@pytest.fixture
+def engine() -> Iterator[TransferEngine]:
+    with TransferEngine(LAYOUT, good_kv()) as eng:
+        yield eng
+
+
+SLAB = allocate_slab(4, 1024, "cpu")
+
+BAD_COPIES: dict[str, tuple[Callable[[], list[ChunkCopy]], str]] = {
+    "group out of range": (lambda: [ChunkCopy(2, SLAB[0], (1,))], "group 2 is not in the layout"),
+    "block id out of range": (lambda: [ChunkCopy(0, SLAB[0], (1, 10))], "block id 10"),
+    "past the chunk": (
+        lambda: [ChunkCopy(0, SLAB[0], (1, 2), first_block=1)], "blocks 1..2 are outside"),
+    "two states": (lambda: [ChunkCopy(1, SLAB[0], (1, 2))], "a state chunk holds one"),
+    "small slot": (lambda: [ChunkCopy(0, SLAB[0, :100], (1, 2))], "holds 100 bytes .* needs 1024"),
+    "int slot": (lambda: [ChunkCopy(0, torch.zeros(1024, dtype=torch.int32), (1,))],
+                 "1-D contiguous uint8"),
+    "2-D slot": (lambda: [ChunkCopy(0, SLAB[:2], (1,))], "1-D contiguous uint8"),
+    "strided slot": (lambda: [ChunkCopy(0, SLAB[:, 0], (1,))], "1-D contiguous uint8"),
+    "read-only numpy": (lambda: [ChunkCopy(0, _read_only(), (1,))], "read-only"),
+    "list slot": (lambda: [ChunkCopy(0, [0] * 1024, (1,))], "torch tensor or numpy"),  # type: ignore[arg-type]
+}
+
+
+def _read_only() -> np.ndarray:
+    a = np.zeros(1024, dtype=np.uint8)
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("direction", ["store", "load"])
+@pytest.mark.parametrize("case", list(BAD_COPIES))
+def test_bad_copy_is_refused_at_submit(engine: TransferEngine, direction: str, case: str) -> None:
+    build, message = BAD_COPIES[case]
+    submit = engine.submit_store if direction == "store" else engine.submit_load
+    with pytest.raises(ValueError, match=message):
+        submit(build())
+    assert engine.poll() == []
+
+
+def test_copy_itself_checks_its_numbers() -> None:
+    with pytest.raises(ValueError, match="at least one block"):
+        ChunkCopy(0, SLAB[0], ())
+    with pytest.raises(ValueError, match="must be >= 0"):
+        ChunkCopy(0, SLAB[0], (-1,))
+    with pytest.raises(ValueError, match="first_block must be >= 0"):
+        ChunkCopy(0, SLAB[0], (1,), first_block=-1)
+
+
+def test_a_store_cannot_write_one_slot_twice(engine: TransferEngine) -> None:
+    with pytest.raises(ValueError, match="copies 0 and 1 write overlapping slot bytes"):
+        engine.submit_store([ChunkCopy(0, SLAB[0], (1, 2)), ChunkCopy(0, SLAB[0], (3,))])
+    engine.wait(engine.submit_store([
+        ChunkCopy(0, SLAB[0], (1,)), ChunkCopy(0, SLAB[0], (3,), first_block=1)]))
+
+
+def test_a_load_cannot_write_one_block_twice(engine: TransferEngine) -> None:
+    with pytest.raises(ValueError, match="engine block 2 of group 0 is written twice"):
+        engine.submit_load([ChunkCopy(0, SLAB[0], (1, 2)), ChunkCopy(0, SLAB[1], (2, 3))])
+    assert engine.wait(engine.submit_load([
+        ChunkCopy(0, SLAB[0], (1, 2)), ChunkCopy(1, SLAB[1], (2,))])).ok
+
+
+def test_copy_for_run_checks_the_block_table(engine: TransferEngine) -> None:
+    from kvtier.coverage import BlockRun
+
+    with pytest.raises(ValueError, match="block_table has 3 entries"):
+        engine.copy_for_run(0, SLAB[0], BlockRun(1, 0, 2), [0, 1, 2])
+    with pytest.raises(ValueError, match="holds only its last block"):
+        engine.copy_for_run(1, SLAB[0], BlockRun(0, 0, 1), [0, 1, 2])

@@ -1,0 +1,166 @@
+"""The job protocol: lazy start, per-direction order, failures, poll, wait with a timeout."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+from transfer_helpers import random_group, same_bytes, snapshot
+
+from kvtier.layout import Group, Layout
+from kvtier.transfer import ChunkCopy, GroupKV, JobResult, TransferEngine, allocate_slab
+
+LAYOUT = Layout((Group("full", tokens_per_block=2, blocks_per_chunk=2),))
+
+
+class Gate:
+    """A fault hook that blocks every copy of one slot until the test opens it."""
+
+    def __init__(self, slot: torch.Tensor) -> None:
+        self.slot = slot
+        self.opened = threading.Event()
+
+    def __call__(self, copy: ChunkCopy) -> None:
+        if copy.slot.data_ptr() == self.slot.data_ptr():
+            assert self.opened.wait(timeout=30), "test never opened the gate"
+
+
+class Recorder:
+    """A fault hook that records the slot index of each copy, and fails chosen slots."""
+
+    def __init__(self, slab: torch.Tensor, failing: tuple[int, ...] = ()) -> None:
+        self._base, self._size = slab.data_ptr(), slab.shape[1]
+        self.failing = failing
+        self.seen: list[int] = []
+
+    def __call__(self, copy: ChunkCopy) -> None:
+        index = (copy.slot.data_ptr() - self._base) // self._size
+        self.seen.append(index)
+        if index in self.failing:
+            raise OSError(f"injected failure on slot {index}")
+
+
+@pytest.fixture
+def kv() -> GroupKV:
+    return random_group(2, 0, num_blocks=16, tokens=2, dtype=torch.float16,
+                        gen=torch.Generator().manual_seed(11))
+
+
+@pytest.fixture
+def slab() -> torch.Tensor:
+    return allocate_slab(8, 1024, "cpu").zero_()
+
+
+@pytest.fixture
+def engine(kv: GroupKV) -> Iterator[TransferEngine]:
+    with TransferEngine(LAYOUT, [kv]) as eng:
+        yield eng
+
+
+def worker_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("kvtier-")]
+
+
+def test_no_thread_before_start_and_start_is_idempotent(kv: GroupKV) -> None:
+    before = worker_threads()
+    engine = TransferEngine(LAYOUT, [kv])
+    assert worker_threads() == before
+    engine.start()
+    engine.start()
+    assert sorted(set(worker_threads()) - set(before)) == ["kvtier-load", "kvtier-store"]
+    engine.close()
+    assert worker_threads() == before
+
+
+def test_first_submit_starts_the_workers(kv: GroupKV, slab: torch.Tensor) -> None:
+    with TransferEngine(LAYOUT, [kv]) as engine:
+        job = engine.submit_store(ChunkCopy(0, slab[0], (1, 2)))
+        assert engine.wait(job) == JobResult(job, "store", ok=True)
+
+
+def test_jobs_of_one_direction_run_in_submission_order(kv: GroupKV, slab: torch.Tensor) -> None:
+    recorder = Recorder(slab)
+    with TransferEngine(LAYOUT, [kv], fault=recorder) as engine:
+        jobs = [engine.submit_store(ChunkCopy(0, slab[i], (2 * i, 2 * i + 1))) for i in range(8)]
+        results = [engine.wait(j) for j in jobs]
+    assert recorder.seen == list(range(8))
+    assert [r.job_id for r in results] == jobs and all(r.ok for r in results)
+
+
+def test_later_store_into_a_slot_wins(engine: TransferEngine, slab: torch.Tensor) -> None:
+    first = engine.submit_store(ChunkCopy(0, slab[0], (1, 2)))
+    last = engine.submit_store(ChunkCopy(0, slab[0], (5, 6)))
+    reference = engine.submit_store(ChunkCopy(0, slab[1], (5, 6)))
+    assert all(engine.wait(j).ok for j in (first, last, reference))
+    assert torch.equal(slab[0], slab[1])
+
+
+def test_later_load_into_a_block_wins(engine: TransferEngine, kv: GroupKV,
+                                      slab: torch.Tensor) -> None:
+    engine.wait(engine.submit_store([ChunkCopy(0, slab[0], (1, 2)), ChunkCopy(0, slab[1], (3, 4))]))
+    original = snapshot(kv)
+    engine.submit_load(ChunkCopy(0, slab[0], (9, 10)))
+    engine.wait(engine.submit_load(ChunkCopy(0, slab[1], (9, 10))))
+    for now, before in zip(kv.layers, original, strict=True):
+        assert same_bytes(now[9:11], before[3:5])
+
+
+def test_injected_failure_fails_only_its_job(kv: GroupKV, slab: torch.Tensor) -> None:
+    with TransferEngine(LAYOUT, [kv], fault=Recorder(slab, failing=(1,))) as engine:
+        jobs = [engine.submit_store(ChunkCopy(0, slab[i], (i, i + 8))) for i in range(3)]
+        failed = engine.submit_load([ChunkCopy(0, slab[0], (3, 4)), ChunkCopy(0, slab[1], (5, 6))])
+        loaded = engine.submit_load(ChunkCopy(0, slab[2], (3, 4)))
+        results = {j: engine.wait(j) for j in (*jobs, failed, loaded)}
+    assert [results[j].ok for j in (*jobs, failed, loaded)] == [True, False, True, False, True]
+    assert isinstance(results[jobs[1]].error, OSError)
+    assert "slot 1" in str(results[failed].error)
+
+
+def test_a_blocked_store_does_not_hold_up_loads(kv: GroupKV, slab: torch.Tensor) -> None:
+    gate = Gate(slab[7])
+    with TransferEngine(LAYOUT, [kv], fault=gate) as engine:
+        store = engine.submit_store(ChunkCopy(0, slab[7], (0, 1)))
+        load = engine.submit_load(ChunkCopy(0, slab[0], (2, 3)))
+        assert engine.wait(load, timeout=30).ok
+        gate.opened.set()
+        assert engine.wait(store, timeout=30).ok
+
+
+def test_wait_times_out_on_a_job_that_does_not_finish(kv: GroupKV, slab: torch.Tensor) -> None:
+    gate = Gate(slab[0])
+    with TransferEngine(LAYOUT, [kv], fault=gate) as engine:
+        job = engine.submit_store(ChunkCopy(0, slab[0], (0, 1)))
+        later = engine.submit_store(ChunkCopy(0, slab[1], (2, 3)))
+        with pytest.raises(TimeoutError, match=f"job {job}"):
+            engine.wait(job, timeout=0.01)
+        assert engine.poll() == []
+        gate.opened.set()
+        assert engine.wait(job).ok
+        assert engine.wait(later).ok
+
+
+def test_each_result_is_handed_back_once(engine: TransferEngine, slab: torch.Tensor) -> None:
+    job = engine.submit_store(ChunkCopy(0, slab[0], (0, 1)))
+    assert engine.wait(job).ok
+    with pytest.raises(ValueError, match="already collected"):
+        engine.wait(job)
+    with pytest.raises(ValueError, match="unknown"):
+        engine.wait(12345)
+    earlier = engine.submit_store(ChunkCopy(0, slab[1], (0, 1)))
+    last = engine.submit_store(ChunkCopy(0, slab[2], (0, 1)))
+    assert engine.wait(last).ok  # stores run in order, so `earlier` has finished too
+    assert engine.poll() == [JobResult(earlier, "store", ok=True)]
+    assert engine.poll() == []
+
+
+def test_close_runs_queued_jobs_then_refuses_more(kv: GroupKV, slab: torch.Tensor) -> None:
+    engine = TransferEngine(LAYOUT, [kv])
+    jobs = [engine.submit_store(ChunkCopy(0, slab[i], (i, i + 1))) for i in range(4)]
+    engine.close()
+    assert [r.job_id for r in engine.poll()] == jobs
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit_load(ChunkCopy(0, slab[0], (0, 1)))
+    engine.close()
+
