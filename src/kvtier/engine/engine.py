@@ -226,18 +226,19 @@ class Engine:
         """Free every held block outside ``retained_blocks(group, horizon)``."""
         n = request.num_computed_tokens
         drop = []
-        for group, table in zip(self.layout.groups, request.block_tables, strict=False):
+        for group, table in zip(self.layout.groups, request.block_tables, strict=True):
             keep = retained_blocks(group, n)
             drop.append([i for i in table.held() if i not in keep])
         self._free(request, drop)
 
     def _free(self, request: Request, logical: list[list[int]]) -> None:
         """Fence, then null these logical blocks, poison them and return them to the pool."""
-        ids = tuple(t.physical(idx) for t, idx in zip(request.block_tables, logical, strict=False))
+        tables = request.block_tables
+        ids = tuple(t.physical(idx) for t, idx in zip(tables, logical, strict=True))
         if not any(ids):
             return
         self._offloader.before_free(request, ids)
-        for g, (table, indices) in enumerate(zip(request.block_tables, logical, strict=False)):
+        for g, (table, indices) in enumerate(zip(tables, logical, strict=True)):
             physical = [table.release(i) for i in indices]
             self._cache.poison(g, physical)
             self._cache.pools[g].free(physical)
