@@ -20,6 +20,7 @@ def test_layout_matches_the_model() -> None:
     assert [g.kind for g in layout.groups] == ["full", "sliding_window", "chunked_local"]
     # 2 * layers * kv_heads 2 * head_dim 16 * fp32 4
     assert [g.bytes_per_token for g in layout.groups] == [256, 512, 256]
+    assert [g.num_layers for g in layout.groups] == [1, 2, 1]
     assert layout.groups[1].window == 6 and layout.groups[1].extra_retained == 1
     assert layout.groups[2].chunk == 6
     assert layout.hit_granularity == 8 and layout.kv_dtype == "float32"

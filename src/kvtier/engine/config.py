@@ -82,6 +82,7 @@ class GroupSpec:
             extra_retained=self.extra_retained,
             chunk=self.chunk,
             bytes_per_token=bytes_per_token,
+            num_layers=self.num_layers,
             name=name,
         )
 
