@@ -83,6 +83,8 @@ def test_contract_matches_oracle_and_invariants(layout: Layout, horizon: int, da
             b = data.draw(st.sampled_from(bounds))
             dev = data.draw(st.integers(0, b // g.tokens_per_block)) * g.tokens_per_block
             runs = coverage.load_set(g, b, dev)
+            assert [r.chunk for r in runs] == list(coverage.load_chunks(g, b, dev))
+            assert all(r.num_blocks > 0 for r in runs)
             # invariant 1: the load never asks for a chunk the lookup did not check
             assert {r.chunk for r in runs} <= set(coverage.required(g, b))
             tpb = g.tokens_per_block

@@ -252,6 +252,24 @@ def store_delta(
     return fresh_set.minus(ChunkRanges.of(overlap))
 
 
+def load_chunks(group: Group, b: int, on_device: int = 0) -> range:
+    """The chunks ``load_set`` touches, as one range: cheap enough to ask for every boundary.
+
+    Example: sliding window 32, ``E = 3``, 4-token blocks in 16-token chunks, ``b = 64``,
+    40 tokens on device: chunks 2 and 3.
+    """
+    if on_device % group.tokens_per_block:
+        raise ValueError(
+            f"on_device must be a multiple of tokens_per_block {group.tokens_per_block}, "
+            f"got {on_device}"
+        )
+    req = required(group, b)
+    keep = retained_blocks(group, b)
+    first_block = max(keep.start, on_device // group.tokens_per_block)
+    start = max(req.start, first_block // group.blocks_per_chunk)
+    return range(start, max(start, req.stop))
+
+
 def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:
     """Blocks to load for a hit at ``b``: ``required(group, b)`` minus what the engine has.
 
@@ -265,21 +283,16 @@ def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:
     Example: sliding window 32, ``E = 3``, 4-token blocks in 16-token chunks, ``b = 64``,
     nothing on device: chunk 1 block 3 only (absolute block 7), then chunks 2 and 3 whole.
     """
-    if on_device % group.tokens_per_block:
-        raise ValueError(
-            f"on_device must be a multiple of tokens_per_block {group.tokens_per_block}, "
-            f"got {on_device}"
-        )
     keep = retained_blocks(group, b)
     first_block = max(keep.start, on_device // group.tokens_per_block)
     bpc = group.blocks_per_chunk
     runs = []
-    for chunk in required(group, b):
+    for chunk in load_chunks(group, b, on_device):
         lo = max(first_block, chunk * bpc)
         hi = min(keep.stop, (chunk + 1) * bpc)
-        if lo < hi:
-            runs.append(BlockRun(chunk, lo - chunk * bpc, hi - lo))
+        runs.append(BlockRun(chunk, lo - chunk * bpc, hi - lo))
     return tuple(runs)
+
 
 
 def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:

@@ -1,0 +1,88 @@
+"""Per-request state kept by the planner, and binding chunk blocks to engine block ids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvtier.coverage import BlockRun
+from kvtier.keys import ChunkKey, KeyChain
+from kvtier.layout import Group
+from kvtier.planner.types import Lookup, Metrics, RequestLimits
+from kvtier.store.results import LoadHandle
+
+
+@dataclass
+class PendingHit:
+    """A hit from ``lookup``: pinned from lookup until its load completes or is declined."""
+
+    lookup: Lookup
+    on_device: int
+    keys: list[list[ChunkKey]]
+    """Per group, the key of each chunk to load, in ``load_set`` order."""
+    handle: LoadHandle
+    job_id: int | None = None
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    chain: KeyChain
+    num_prompt: int
+    limits: RequestLimits
+    stored_horizon: int = 0
+    """Store planning has covered every chunk up to this (capped) horizon."""
+    pending: list[tuple[int, int]] = field(default_factory=list)
+    """(group, chunk) planned but not yet handed to a store job (refused: retried)."""
+    hit: PendingHit | None = None
+    load_jobs: set[int] = field(default_factory=set)
+    store_jobs: set[int] = field(default_factory=set)
+    wait_deadline: float | None = None
+    expired: bool = False
+    closed: bool = False
+    metrics: Metrics = field(default_factory=Metrics)
+
+    def store_cap(self, horizon: int) -> int:
+        """The horizon store planning may use, after the request's limits."""
+        cap = horizon
+        if self.limits.store == "none":
+            return 0
+        if self.limits.store == "prompt":
+            cap = min(cap, self.num_prompt)
+        if self.limits.max_store_tokens is not None:
+            cap = min(cap, self.limits.max_store_tokens)
+        return cap
+
+    @property
+    def idle(self) -> bool:
+        """No hit pinned and no job in flight."""
+        return self.hit is None and not self.store_jobs and not self.load_jobs
+
+
+def load_block_ids(
+    table: Sequence[Sequence[int | None]], gi: int, group: Group, run: BlockRun, request_id: str
+) -> tuple[int, ...]:
+    """Engine block ids of ``run`` for a load: every block must be allocated."""
+    ids = store_block_ids(table, gi, group, run)
+    if ids is None:
+        first = run.chunk * group.blocks_per_chunk + run.first_block
+        raise ValueError(
+            f"request {request_id!r}: group {gi} has no block allocated at positions "
+            f"{first}..{first + run.num_blocks - 1}; allocate the hit's retained blocks "
+            "(coverage.retained_blocks) before accept_hit"
+        )
+    return ids
+
+
+def store_block_ids(
+    table: Sequence[Sequence[int | None]], gi: int, group: Group, run: BlockRun
+) -> tuple[int, ...] | None:
+    """Engine block ids of ``run``, or None when the engine no longer holds one of them."""
+    if gi >= len(table):
+        raise ValueError(f"block table has {len(table)} groups; the layout has group {gi}")
+    first = run.chunk * group.blocks_per_chunk + run.first_block
+    row = table[gi]
+    ids = [row[i] if i < len(row) else None for i in range(first, first + run.num_blocks)]
+    if all(isinstance(b, int) and b >= 0 for b in ids):
+        return tuple(ids)  # type: ignore[arg-type]
+    return None

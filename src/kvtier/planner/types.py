@@ -1,0 +1,134 @@
+"""What the planner hands the engine: lookup results, transfer jobs, limits and metrics.
+
+Results are small frozen records, group outermost. A transfer job names slots by number;
+the engine's data plane turns a slot number into bytes (``store.backend.view(slot)``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvtier.coverage import ChunkRanges
+from kvtier.keys import ChunkKey
+
+
+class Outcome(enum.Enum):
+    HIT = "hit"
+    """Restore ``hit_tokens`` tokens: accept with ``accept_hit`` once blocks are allocated."""
+    MISS = "miss"
+    """Nothing beyond what the engine already has; compute from ``on_device``."""
+    WAIT = "wait"
+    """A larger hit needs chunks still being written or loaded: ask again later."""
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The answer to ``Planner.lookup``.
+
+    ``hit_tokens`` is the boundary ``b`` (tokens ``[0, b)`` restored, the engine computes
+    from ``b``); for a miss it equals the tokens the engine already has. ``chunks`` are the
+    chunks to load per group (group outermost). ``wait_until`` is the deadline of a wait.
+    """
+
+    outcome: Outcome
+    hit_tokens: int
+    chunks: tuple[ChunkRanges, ...] = ()
+    wait_until: float | None = None
+
+    @property
+    def num_chunks(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class ChunkCopy:
+    """One chunk's bytes between tier slot ``slot`` and engine blocks.
+
+    ``block_ids[i]`` is chunk-relative block ``first_block + i`` of chunk ``chunk`` of group
+    ``group``. Example: with 4 blocks per chunk, ``first_block=3, block_ids=(41,)`` moves
+    the chunk's last block to or from engine block 41.
+    """
+
+    group: int
+    chunk: int
+    key: ChunkKey
+    slot: int
+    block_ids: tuple[int, ...]
+    first_block: int = 0
+
+
+@dataclass(frozen=True)
+class TransferJob:
+    """A batch of copies in one direction for one request; complete it by ``id``."""
+
+    id: int
+    request_id: str
+    direction: Literal["load", "store"]
+    copies: tuple[ChunkCopy, ...]
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What ``complete_load`` decided: the tokens the engine may treat as computed.
+
+    After a failed load ``valid_tokens`` falls back to what the engine had before the hit,
+    and the engine recomputes from there.
+    """
+
+    request_id: str
+    ok: bool
+    valid_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Per-request limits on what the planner loads and stores."""
+
+    max_load_tokens: int | None = None
+    """At most this many tokens restored beyond what the engine already has."""
+    max_store_tokens: int | None = None
+    """Store only chunks that lie within the first this-many tokens."""
+    store: Literal["prompt", "all", "none"] = "all"
+    """``prompt``: store the prompt only; ``all``: the answer too (multi-turn chat)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_load_tokens", "max_store_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer or None, got {value!r}")
+        if self.store not in ("prompt", "all", "none"):
+            raise ValueError(f"store must be 'prompt', 'all' or 'none', got {self.store!r}")
+
+
+@dataclass
+class Metrics:
+    """Counters for one request or for the whole planner."""
+
+    lookups: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
+    hit_tokens: int = 0
+    hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    chunks_loaded: int = 0
+    bytes_loaded: int = 0
+    chunks_stored: int = 0
+    bytes_stored: int = 0
+    waits: int = 0
+    deadline_expiries: int = 0
+    store_refusals: int = 0
+    load_failures: int = 0
+    store_failures: int = 0
+    corrupt_chunks_dropped: int = 0
+
+    def add(self, other: Metrics) -> None:
+        """Fold ``other`` into this one (request totals into planner totals)."""
+        for name, value in vars(other).items():
+            mine = getattr(self, name)
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    mine[k] = mine.get(k, 0) + v
+            else:
+                setattr(self, name, mine + value)
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(self).items()}
