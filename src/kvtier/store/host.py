@@ -1,0 +1,156 @@
+"""The host-memory tier: one preallocated slab of fixed-size slots.
+
+The slab is allocated once, as ``num_slots * slot_bytes`` bytes, and never grows: a chunk
+is a slot, and slot ``i`` is bytes ``[i * slot_bytes, (i + 1) * slot_bytes)``. The slot size
+is the layout's largest chunk (``Layout.max_bytes_per_chunk``), so every group's chunks fit;
+a smaller chunk uses the start of its slot.
+
+When a CUDA device is present (and torch is installed) the slab is page-locked, so that
+copies to and from the accelerator can run asynchronously; otherwise it is plain numpy
+memory. Either way ``view(slot)`` is a zero-copy ``uint8`` numpy array over the slot and
+``tensor(slot)`` the same memory as a torch tensor.
+
+>>> slab = HostSlab(num_slots=4, slot_bytes=8, pin_memory=False)
+>>> slab.write(2, b"abc")
+>>> slab.read(2, 3), slab.view(2)[:3].tobytes(), slab.nbytes
+(b'abc', b'abc', 32)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtier.layout import Layout
+from kvtier.store.tier import BytesLike
+
+if TYPE_CHECKING:
+    import torch
+
+
+def cuda_available() -> bool:
+    """True when torch is installed and sees a CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def slots_for_capacity(capacity_bytes: int, slot_bytes: int) -> int:
+    """How many whole slots fit in ``capacity_bytes``; ValueError if not even one.
+
+    >>> slots_for_capacity(10_000, 4096)
+    2
+    """
+    for name, value in (("capacity_bytes", capacity_bytes), ("slot_bytes", slot_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if capacity_bytes < slot_bytes:
+        raise ValueError(
+            f"capacity of {capacity_bytes} bytes is smaller than one slot ({slot_bytes} bytes, "
+            f"the layout's largest chunk): give at least {slot_bytes} bytes"
+        )
+    return capacity_bytes // slot_bytes
+
+
+class HostSlab:
+    """``num_slots`` slots of ``slot_bytes`` bytes in one preallocated host buffer.
+
+    ``pin_memory``: page-lock the slab (needs torch and a CUDA device); ``None`` (the
+    default) pins exactly when a CUDA device is present.
+    """
+
+    def __init__(self, num_slots: int, slot_bytes: int, *, pin_memory: bool | None = None):
+        for name, value in (("num_slots", num_slots), ("slot_bytes", slot_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"host slab: {name} must be a positive integer, got {value!r}")
+        if pin_memory is None:
+            pin_memory = cuda_available()
+        elif pin_memory and not cuda_available():
+            raise ValueError("host slab: pin_memory=True needs torch and a CUDA device")
+        self._num_slots = num_slots
+        self._slot_bytes = slot_bytes
+        self.pinned: bool = pin_memory
+        self._tensor: torch.Tensor | None = None
+        self._array = self._allocate(num_slots * slot_bytes, pin_memory)
+
+    @classmethod
+    def for_layout(
+        cls, layout: Layout, capacity_bytes: int, *, pin_memory: bool | None = None
+    ) -> HostSlab:
+        """As many slots of the layout's largest chunk as fit in ``capacity_bytes``."""
+        slot_bytes = layout.max_bytes_per_chunk
+        if slot_bytes is None:
+            raise ValueError(
+                "host slab: the layout gives no chunk sizes; set bytes_per_token (or "
+                "bytes_per_state) on every group"
+            )
+        num_slots = slots_for_capacity(capacity_bytes, slot_bytes)
+        return cls(num_slots, slot_bytes, pin_memory=pin_memory)
+
+    def _allocate(self, nbytes: int, pin: bool) -> npt.NDArray[np.uint8]:
+        if not pin:
+            return np.zeros(nbytes, dtype=np.uint8)
+        import torch
+
+        self._tensor = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=True)
+        return self._tensor.numpy()
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._slot_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the whole slab."""
+        return self._num_slots * self._slot_bytes
+
+    def _span(self, slot: int) -> slice:
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self._num_slots:
+            raise ValueError(
+                f"host slab: slot must be an int in [0, {self._num_slots}), got {slot!r}"
+            )
+        start = slot * self._slot_bytes
+        return slice(start, start + self._slot_bytes)
+
+    def view(self, slot: int) -> npt.NDArray[np.uint8]:
+        """A writable ``uint8`` numpy view of ``slot`` (no copy).
+
+        >>> slab = HostSlab(2, 4, pin_memory=False)
+        >>> slab.view(1)[:] = 7; slab.read(1)
+        b'\\x07\\x07\\x07\\x07'
+        """
+        return self._array[self._span(slot)]
+
+    def tensor(self, slot: int) -> torch.Tensor:
+        """``view(slot)`` as a torch ``uint8`` tensor over the same memory (needs torch)."""
+        import torch
+
+        if self._tensor is not None:
+            return self._tensor[self._span(slot)]
+        return torch.from_numpy(self.view(slot))
+
+    def read(self, slot: int, nbytes: int | None = None) -> bytes:
+        """A copy of the first ``nbytes`` bytes of ``slot`` (the whole slot by default)."""
+        view = self.view(slot)
+        if nbytes is None:
+            return view.tobytes()
+        if not 0 <= nbytes <= self._slot_bytes:
+            raise ValueError(f"host slab: nbytes must be in [0, {self._slot_bytes}], got {nbytes}")
+        return view[:nbytes].tobytes()
+
+    def write(self, slot: int, data: BytesLike) -> None:
+        """Copy ``data`` (at most ``slot_bytes`` bytes) to the start of ``slot``."""
+        raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)  # type: ignore[arg-type]
+        if raw.size > self._slot_bytes:
+            raise ValueError(
+                f"host slab: {raw.size} bytes do not fit in a {self._slot_bytes}-byte slot"
+            )
+        self.view(slot)[: raw.size] = raw

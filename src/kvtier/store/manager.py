@@ -1,0 +1,415 @@
+"""The chunk store manager: the paired protocol, chunk states, accounting, eviction.
+
+Protocol (after vLLM's offloading manager). Each step is separate because the bytes move
+asynchronously, on the data plane, between a ``prepare_*`` and its ``complete_*``:
+
+* ``lookup(keys)``: a ``ChunkState`` per key; changes nothing.
+* ``prepare_load(keys) -> LoadHandle``: pins every key (it cannot be evicted while the data
+  plane reads its slot) and counts as an access. Every key must be readable, else
+  ``ChunkNotReadyError`` and nothing is pinned: the planner loads only what ``lookup`` saw
+  ready. To make lookup and load atomic against other threads, hold ``store.lock``.
+* ``complete_load(handle)``: unpins.
+* ``prepare_store(keys) -> StoreHandle | StoreRefusal``: reserves a slot for each key that
+  is absent (keys already ready or being written are skipped and reported), evicting ready,
+  unpinned chunks if needed. The offered keys are protected: never evicted to make room for
+  their own request. When there is not enough to evict it returns a ``StoreRefusal``
+  (never raises for a full store) and nothing changes.
+* ``complete_store(handle, ok)``: on success the chunks become ready (event STORED); on
+  failure their slots are freed and they were never visible.
+* ``touch(keys)``: refreshes recency of ready keys (a hit that needs no load).
+* ``remove(keys)``: drops ready, unpinned keys (event REMOVED).
+* ``subscribe(callback)``: events (STORED, EVICTED, REMOVED) for observers.
+
+A ``complete_*`` given a stale, foreign, or already completed handle raises
+``HandleError`` and changes nothing.
+
+States: absent -> writing -> ready <-> pinned -> (evicted or removed) -> absent. The manager
+alone owns the accounting (three dicts, changed only by the ``_reserve`` / ``_publish`` /
+``_abort`` / ``_drop`` / ``_pin`` / ``_unpin`` helpers) and the one eviction loop (``_make_room``);
+the policy only picks victims. ``check_invariants()`` recomputes everything from scratch.
+
+Threads: every public method holds ``self.lock``, one ``threading.RLock``; the engine's
+scheduler thread and transfer-completion threads may call concurrently. Subscribers run
+under the lock, in event order: keep them short and do not block in them.
+
+A store is metadata-only (``ChunkStore(num_slots)``: slot numbers, no bytes; what the
+replay simulator uses) or backed by a tier (``ChunkStore(backend=HostSlab(...))``, or
+``ChunkStore.host(layout, capacity_bytes)``), whose slots the handles name.
+
+>>> store = ChunkStore(2)
+>>> a, b, c = (ChunkKey(bytes([i]) * 40) for i in range(3))
+>>> h = store.prepare_store([a, b]); store.complete_store(h, ok=True)
+>>> [s.value for s in store.lookup([a, c])]
+['ready', 'absent']
+>>> load = store.prepare_load([a])
+>>> store.prepare_store([c]).keys == (c,)   # b is evicted to make room; a is pinned
+True
+>>> [s.value for s in store.lookup([a, b, c])]
+['pinned', 'absent', 'writing']
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import NoReturn, cast
+
+from kvtier.keys import ChunkKey
+from kvtier.layout import Layout
+from kvtier.store.host import HostSlab
+from kvtier.store.policies import Policy, make_policy
+from kvtier.store.results import (
+    KEY_BYTES,
+    ChunkNotReadyError,
+    ChunkState,
+    EventKind,
+    HandleError,
+    LoadHandle,
+    StoreEvent,
+    StoreHandle,
+    StoreRefusal,
+    Subscriber,
+)
+from kvtier.store.tier import SlotAllocator, SlotBackend
+
+_ABSENT, _WRITING, _READY, _PINNED = (
+    ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY, ChunkState.PINNED,
+)
+
+
+def checked_keys(keys: Iterable[ChunkKey]) -> list[ChunkKey]:
+    """``keys`` as a list, each a 40-byte ``bytes`` ``ChunkKey``; ValueError otherwise."""
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise ValueError("pass a list of ChunkKeys, not a single key or string")
+    out = keys if type(keys) is list else list(keys)
+    if out and (set(map(type, out)) != {bytes} or set(map(len, out)) != {KEY_BYTES}):
+        bad = next(k for k in out if type(k) is not bytes or len(k) != KEY_BYTES)
+        raise ValueError(
+            f"a chunk key must be {KEY_BYTES} bytes (a ChunkKey from KeyChain.key), "
+            f"got {type(bad).__name__} {bad!r:.60}"
+        )
+    return out
+
+
+class ChunkStore:
+    """Chunks in ``num_slots`` slots, evicted by ``policy`` (see the module docstring).
+
+    Give either ``num_slots`` (metadata-only) or ``backend`` (slots from a tier). ``policy``
+    is a registered name (``"lru"``, ``"arc"``, ``"s3fifo"``) or a ``Policy`` built for
+    the same number of slots (``Belady(num_slots, future)``).
+    """
+
+    def __init__(
+        self,
+        num_slots: int | None = None,
+        *,
+        backend: SlotBackend | None = None,
+        policy: str | Policy = "lru",
+    ) -> None:
+        self.backend = backend
+        self.num_slots = _resolve_num_slots(num_slots, backend)
+        self.policy = _resolve_policy(policy, self.num_slots)
+        self.lock = threading.RLock()
+        """The one lock: every public method holds it; callers may too (it is reentrant)."""
+        self._alloc = SlotAllocator(self.num_slots)
+        self._slots: dict[ChunkKey, int] = {}  # every key holding a slot: writing or ready
+        self._writing: set[ChunkKey] = set()  # keys whose store is in progress
+        self._pins: dict[ChunkKey, int] = {}  # ready key -> live loads holding it (> 0)
+        self._loads: dict[int, LoadHandle] = {}
+        self._stores: dict[int, StoreHandle] = {}
+        self._ids = itertools.count(1)
+        self._subscribers: list[Subscriber] = []
+
+    @classmethod
+    def host(
+        cls, layout: Layout, capacity_bytes: int, *, policy: str = "lru",
+        pin_memory: bool | None = None,
+    ) -> ChunkStore:
+        """A store over a new ``HostSlab`` of ``capacity_bytes // slot_bytes`` slots."""
+        slab = HostSlab.for_layout(layout, capacity_bytes, pin_memory=pin_memory)
+        return cls(backend=slab, policy=policy)
+
+    # ---- queries -----------------------------------------------------------------------
+
+    def lookup(self, keys: Iterable[ChunkKey]) -> list[ChunkState]:
+        """The state of each key, in order. Changes nothing (not an access)."""
+        ks = checked_keys(keys)
+        slots, writing, pins = self._slots, self._writing, self._pins
+        with self.lock:
+            return [
+                _ABSENT if k not in slots else
+                _WRITING if k in writing else _PINNED if k in pins else _READY
+                for k in ks
+            ]
+
+    @property
+    def num_free(self) -> int:
+        return self._alloc.num_free
+
+    @property
+    def num_ready(self) -> int:
+        """Readable chunks, pinned or not."""
+        return len(self._slots) - len(self._writing)
+
+    @property
+    def num_writing(self) -> int:
+        return len(self._writing)
+
+    @property
+    def num_pinned(self) -> int:
+        """Distinct chunks held by at least one load."""
+        return len(self._pins)
+
+    def __len__(self) -> int:
+        return self.num_ready
+
+    # ---- loads -------------------------------------------------------------------------
+
+    def prepare_load(self, keys: Iterable[ChunkKey]) -> LoadHandle:
+        """Pin readable ``keys`` for reading; ``ChunkNotReadyError`` (nothing pinned) if any
+        is absent or still being written."""
+        ks = checked_keys(keys)
+        with self.lock:
+            slots = self._slots
+            try:
+                held = tuple([slots[k] for k in ks])
+            except KeyError:
+                self._refuse_load(ks)
+            if not self._writing.isdisjoint(ks):
+                self._refuse_load(ks)
+            handle = LoadHandle(next(self._ids), tuple(ks), held)
+            self._pin(ks)
+            self._loads[handle.id] = handle
+            return handle
+
+    def _refuse_load(self, ks: list[ChunkKey]) -> NoReturn:
+        states = self.lookup(ks)
+        bad = [s.value for s in states if not s.readable]
+        raise ChunkNotReadyError(
+            f"prepare_load: {len(bad)} of {len(ks)} keys are not readable ({bad[:3]}...); "
+            "load only keys that lookup reported ready, under store.lock if other threads evict"
+        )
+
+    def complete_load(self, handle: LoadHandle) -> None:
+        """Release the pins of ``handle``; ``HandleError`` if it is not live here."""
+        with self.lock:
+            _take(self._loads, handle, "load")
+            self._unpin(handle.keys)
+
+    def touch(self, keys: Iterable[ChunkKey]) -> int:
+        """Count a use of each ready key (absent or writing keys are ignored); how many."""
+        ks = checked_keys(keys)
+        with self.lock:
+            slots, writing = self._slots, self._writing
+            ready = [k for k in ks if k in slots and k not in writing]
+            self.policy.on_access(ready)
+            return len(ready)
+
+    # ---- stores ------------------------------------------------------------------------
+
+    def prepare_store(self, keys: Iterable[ChunkKey]) -> StoreHandle | StoreRefusal:
+        """Reserve slots for the absent ``keys``, evicting if needed (module docstring)."""
+        ks = checked_keys(keys)
+        if len(ks) > 1:
+            ks = list(dict.fromkeys(ks))
+        with self.lock:
+            slots = self._slots
+            new = [k for k in ks if k not in slots]
+            skipped = tuple([k for k in ks if k in slots]) if len(new) < len(ks) else ()
+            if len(new) > self._alloc.num_free:
+                refusal = self._make_room(len(new), skipped)
+                if refusal is not None:
+                    return refusal
+            hid = next(self._ids)
+            handle = StoreHandle(hid, tuple(new), self._reserve(new), skipped)
+            self._stores[hid] = handle
+            return handle
+
+    def complete_store(self, handle: StoreHandle, ok: bool) -> None:
+        """Publish ``handle``'s chunks (``ok``) or free their slots; ``HandleError`` if the
+        handle is not live here."""
+        with self.lock:
+            _take(self._stores, handle, "store")
+            if ok:
+                self._publish(handle.keys)
+                self._emit(EventKind.STORED, handle.keys, handle.slots)
+            else:
+                self._abort(handle.keys)
+
+    def remove(self, keys: Iterable[ChunkKey]) -> list[ChunkKey]:
+        """Drop the ready, unpinned ``keys``; the ones removed (others are left alone)."""
+        ks = checked_keys(keys)
+        with self.lock:
+            gone = [k for k in dict.fromkeys(ks) if self._removable(k)]
+            self.policy.on_remove(gone)
+            self._emit(EventKind.REMOVED, gone, self._drop(gone))
+            return gone
+
+    def _removable(self, k: ChunkKey) -> bool:
+        return k in self._slots and k not in self._writing and k not in self._pins
+
+    # ---- the eviction loop -------------------------------------------------------------
+
+    def _make_room(self, num_new: int, offered: Collection[ChunkKey]) -> StoreRefusal | None:
+        """Evict until ``num_new`` slots are free, or refuse and change nothing."""
+        short = num_new - self._alloc.num_free
+        if num_new > self.num_slots:
+            return StoreRefusal(
+                f"the request needs {num_new} new slots but the store has only "
+                f"{self.num_slots}; store fewer chunks per request or add capacity",
+                short, 0, retryable=False,
+            )
+        protected = self._pins.keys() | offered if offered else self._pins.keys()
+        victims = cast("list[ChunkKey] | None", self.policy.victims(short, protected))
+        if victims is None:
+            evictable = self.policy.num_unprotected(protected)
+            return StoreRefusal(
+                f"needs {short} more slots, but only {evictable} ready chunks are neither "
+                f"pinned nor offered ({self.num_writing} writing, {self.num_pinned} pinned); "
+                "retry after loads or stores complete",
+                short, evictable, retryable=True,
+            )
+        self._emit(EventKind.EVICTED, victims, self._drop(victims))
+        return None
+
+    # ---- the only places counts change -------------------------------------------------
+
+    def _reserve(self, keys: list[ChunkKey]) -> tuple[int, ...]:
+        """absent -> writing: a slot each."""
+        slots = self._alloc.allocate_many(len(keys))
+        self._slots.update(zip(keys, slots, strict=True))
+        self._writing.update(keys)
+        return tuple(slots)
+
+    def _publish(self, keys: tuple[ChunkKey, ...]) -> None:
+        """writing -> ready."""
+        self._writing.difference_update(keys)
+        self.policy.on_insert(keys)
+
+    def _abort(self, keys: tuple[ChunkKey, ...]) -> None:
+        """writing -> absent (a failed store): never visible."""
+        self._writing.difference_update(keys)
+        self._drop(keys)
+
+    def _drop(self, keys: Sequence[ChunkKey]) -> list[int]:
+        """Free the slots of ``keys`` (already gone from the policy and from writing)."""
+        pop = self._slots.pop
+        freed = [pop(k) for k in keys]
+        self._alloc.free_many(freed)
+        return freed
+
+    def _pin(self, keys: list[ChunkKey]) -> None:
+        """ready -> pinned (or one pin more); counts as an access."""
+        pins = self._pins
+        get = pins.get
+        for k in keys:
+            pins[k] = get(k, 0) + 1
+        self.policy.on_access(keys)
+
+    def _unpin(self, keys: tuple[ChunkKey, ...]) -> None:
+        pins = self._pins
+        for k in keys:
+            left = pins[k] - 1
+            if left:
+                pins[k] = left
+            else:
+                del pins[k]
+
+    # ---- events ------------------------------------------------------------------------
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call ``callback(event)`` for every event from now on; returns an unsubscribe."""
+        with self.lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self.lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def _emit(self, kind: EventKind, keys: Sequence[ChunkKey], slots: Sequence[int]) -> None:
+        if not self._subscribers:
+            return
+        subscribers = list(self._subscribers)
+        for k, slot in zip(keys, slots, strict=True):
+            event = StoreEvent(kind, k, slot)
+            for callback in subscribers:
+                callback(event)
+
+    # ---- checks ------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Recompute every count from scratch; AssertionError on any disagreement."""
+        with self.lock:
+            self._check_slots()
+            self._check_handles()
+            self._check_policy()
+
+    def _check_slots(self) -> None:
+        free = self._alloc.free_slots()
+        used = list(self._slots.values())
+        if sorted(free + used) != list(range(self.num_slots)):
+            raise AssertionError(f"slots leaked or shared: {len(free)} free, {len(used)} used")
+        if not self._writing <= self._slots.keys():
+            raise AssertionError("a writing key holds no slot")
+        if not self._pins.keys() <= self._slots.keys() - self._writing:
+            raise AssertionError("a pinned key is not ready")
+
+    def _check_handles(self) -> None:
+        writers = [k for h in self._stores.values() for k in h.keys]
+        if len(writers) != len(self._writing) or set(writers) != self._writing:
+            raise AssertionError("writing keys disagree with the live store handles")
+        pins = Counter(k for h in self._loads.values() for k in h.keys)
+        if dict(pins) != self._pins:
+            raise AssertionError("pin counts disagree with the live load handles")
+        for h in self._loads.values():
+            if tuple(self._slots[k] for k in h.keys) != h.slots:
+                raise AssertionError(f"load handle {h.id} names the wrong slots")
+
+    def _check_policy(self) -> None:
+        ready = self._slots.keys() - self._writing
+        if len(self.policy) != len(ready) or set(self.policy.resident()) != ready:
+            raise AssertionError(
+                f"policy holds {len(self.policy)} keys, the store {len(ready)} ready chunks"
+            )
+        self.policy.check_invariants()
+
+
+def _take(live: dict[int, LoadHandle] | dict[int, StoreHandle], handle: object, kind: str) -> None:
+    """Remove ``handle`` from ``live`` or raise ``HandleError`` (changing nothing)."""
+    hid = getattr(handle, "id", None)
+    if not isinstance(hid, int) or live.get(hid) is not handle:
+        raise HandleError(
+            f"complete_{kind}: {type(handle).__name__} {hid!r} is not a live {kind} handle of "
+            f"this store (already completed, from another store, or not a {kind} handle)"
+        )
+    del live[hid]
+
+
+def _resolve_num_slots(num_slots: int | None, backend: SlotBackend | None) -> int:
+    if (num_slots is None) == (backend is None):
+        raise ValueError(
+            "ChunkStore: give exactly one of num_slots (metadata-only) or backend (a tier)"
+        )
+    if backend is not None:
+        return backend.num_slots
+    if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
+        raise ValueError(f"ChunkStore: num_slots must be an integer >= 1, got {num_slots!r}")
+    return num_slots
+
+
+def _resolve_policy(policy: str | Policy, num_slots: int) -> Policy:
+    if isinstance(policy, str):
+        return make_policy(policy, num_slots)
+    if not isinstance(policy, Policy):
+        raise ValueError(f"ChunkStore: policy must be a name or a Policy, got {policy!r}")
+    if policy.capacity != num_slots or len(policy):
+        raise ValueError(
+            f"ChunkStore: the policy must be new and built for {num_slots} slots "
+            f"(capacity {policy.capacity}, {len(policy)} resident)"
+        )
+    return policy

@@ -1,0 +1,131 @@
+"""S3-FIFO (Yang et al., SOSP 2023): a small FIFO, a main FIFO and a ghost FIFO.
+
+New keys enter the small queue ``S`` (about 10% of the capacity); keys whose ghost is
+remembered enter the main queue ``M`` directly. Each resident key has a 2-bit access count
+(0..3). Eviction takes from ``S`` while ``S`` holds at least ``small_ratio * capacity`` keys,
+else from ``M``:
+
+* from ``S``: the oldest key moves to ``M`` (count reset to 0) if it was accessed at least
+  ``move_to_main_at`` times while in ``S``; otherwise it is evicted and its key enters the
+  ghost queue ``G`` (which remembers as many keys as ``M``'s share of the capacity);
+* from ``M``: the oldest key with count > 0 is reinserted at the new end with count - 1;
+  the first with count 0 is evicted.
+
+One-hit wonders thus leave quickly through ``S``, and ``M`` behaves like CLOCK. This is the
+unified-capacity form: moving a key from ``S`` to ``M`` frees nothing, the scan goes on.
+Protected keys met during a scan are rotated to the new end of their queue, unchanged.
+
+>>> s3 = S3FIFO(4)
+>>> s3.on_insert(["a", "b", "c", "d"]); s3.on_access(["a"])
+>>> s3.victims(1)
+['b']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterator
+
+from kvtier.store.policies.base import Keys, Policy, count_in
+from kvtier.store.policies.queue import KeyQueue
+
+MAX_FREQ = 3
+
+
+class S3FIFO(Policy):
+    """S3-FIFO over ``capacity`` slots (see the module docstring)."""
+
+    name = "s3fifo"
+
+    def __init__(
+        self, capacity: int, *, small_ratio: float = 0.1, move_to_main_at: int = 1
+    ) -> None:
+        super().__init__(capacity)
+        if not 0.0 < small_ratio < 1.0:
+            raise ValueError(f"s3fifo: small_ratio must be in (0, 1), got {small_ratio!r}")
+        if not 1 <= move_to_main_at <= MAX_FREQ:
+            raise ValueError(f"s3fifo: move_to_main_at must be in [1, {MAX_FREQ}]")
+        self._small_target = small_ratio * capacity
+        self._ghost_capacity = max(1, capacity - int(self._small_target))
+        self._move_at = move_to_main_at
+        self._small, self._main, self._ghost = KeyQueue(), KeyQueue(), KeyQueue()
+
+    def on_insert(self, keys: Keys) -> None:
+        remembered = self._ghost.take(keys) if self._ghost else []
+        if remembered:
+            self._main.push(remembered)
+            fresh = set(remembered)
+            self._small.push([k for k in keys if k not in fresh])
+        else:
+            self._small.push(keys)
+
+    def on_access(self, keys: Keys) -> None:
+        self._main.bump(self._small.bump(keys, MAX_FREQ), MAX_FREQ)
+
+    def on_remove(self, keys: Keys) -> None:
+        for k in keys:
+            (self._small if k in self._small else self._main).remove(k)
+
+    def __len__(self) -> int:
+        return len(self._small) + len(self._main)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._small or key in self._main
+
+    def resident(self) -> Iterator[Hashable]:
+        yield from self._small
+        yield from self._main
+
+    def _select(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
+        # protected keys never move between queues here, so their counts per queue are fixed
+        in_small, in_main = count_in(protected, self._small), count_in(protected, self._main)
+        return [self._evict_one(protected, in_small, in_main) for _ in range(n)]
+
+    def _evict_one(self, protected: Collection[Hashable], in_small: int, in_main: int) -> Hashable:
+        while True:
+            small_free = len(self._small) > in_small
+            main_free = len(self._main) > in_main
+            if small_free and (len(self._small) >= self._small_target or not main_free):
+                key = self._evict_small(protected, len(self._small) - in_small)
+                if key is not None:
+                    return key
+            else:
+                return self._evict_main(protected)
+
+    def _evict_small(self, protected: Collection[Hashable], unprotected: int) -> Hashable | None:
+        """Scan S from its oldest key: promote accessed keys, evict the first unaccessed one."""
+        small = self._small
+        while unprotected:
+            key, freq = small.pop_oldest()
+            if key in protected:
+                small.push((key,), freq)
+                continue
+            unprotected -= 1
+            if freq >= self._move_at:
+                self._main.push((key,))
+                continue
+            self._ghost.push((key,))
+            if len(self._ghost) > self._ghost_capacity:
+                self._ghost.pop_oldest()
+            return key
+        return None
+
+    def _evict_main(self, protected: Collection[Hashable]) -> Hashable:
+        """CLOCK over M: age keys with accesses left, evict the first without."""
+        main = self._main
+        while True:
+            key, freq = main.pop_oldest()
+            if key in protected:
+                main.push((key,), freq)
+            elif freq:
+                main.push((key,), freq - 1)
+            else:
+                return key
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        if set(self._small) & set(self._main):
+            raise AssertionError("s3fifo: a key is in both S and M")
+        if len(self._ghost) > self._ghost_capacity:
+            raise AssertionError("s3fifo: ghost queue over its capacity")
+        if len(set(self._small)) + len(set(self._main)) != len(self):
+            raise AssertionError("s3fifo: a queue's length disagrees with its keys")

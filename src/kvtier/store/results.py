@@ -1,0 +1,123 @@
+"""The small values the store protocol hands out: states, handles, refusals, events.
+
+Every ``prepare_*`` call returns a handle that its ``complete_*`` takes back; a handle is
+a frozen record of what was prepared (the keys, and the slots they occupy), so the data
+plane can copy bytes to or from ``backend.view(slot)`` between the two calls.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvtier.keys import DIGEST_SIZE, TAG_SIZE, ChunkKey
+
+KEY_BYTES = TAG_SIZE + DIGEST_SIZE
+"""Length of a ``ChunkKey``: an 8-byte group tag and a 32-byte prefix digest."""
+
+
+class ChunkState(enum.Enum):
+    """What ``lookup`` reports for one key."""
+
+    ABSENT = "absent"
+    """Not in the store (never stored, evicted, removed, or its store failed)."""
+    WRITING = "writing"
+    """A slot is reserved and a store is in progress; not readable yet."""
+    READY = "ready"
+    """Readable; may be evicted."""
+    PINNED = "pinned"
+    """Readable and held by one or more loads in progress; never evicted."""
+
+    @property
+    def readable(self) -> bool:
+        """READY or PINNED: ``prepare_load`` accepts it."""
+        return self is ChunkState.READY or self is ChunkState.PINNED
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LoadHandle:
+    """Loads in progress: ``keys[i]`` is pinned and readable in ``slots[i]``."""
+
+    id: int
+    keys: tuple[ChunkKey, ...]
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StoreHandle:
+    """A store in progress: write ``keys[i]`` into ``slots[i]``, then ``complete_store``.
+
+    ``skipped`` are offered keys that were not reserved because they are already ready or
+    being written by another store; they need no bytes from this caller.
+    """
+
+    id: int
+    keys: tuple[ChunkKey, ...]
+    slots: tuple[int, ...]
+    skipped: tuple[ChunkKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRefusal:
+    """``prepare_store`` could not reserve slots; nothing changed.
+
+    ``retryable``: the store could accept this later, once loads complete (pins drop) or
+    stores finish; ``False`` when the request needs more slots than the store has at all.
+    """
+
+    reason: str
+    needed: int
+    """Slots the request needed beyond the free ones."""
+    evictable: int
+    """Ready, unpinned, unprotected chunks there were to evict."""
+    retryable: bool
+
+
+class EventKind(enum.Enum):
+    STORED = "stored"
+    """A store completed: the chunk became readable."""
+    EVICTED = "evicted"
+    """The eviction loop dropped a ready chunk to make room."""
+    REMOVED = "removed"
+    """``remove`` dropped a ready chunk on request."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEvent:
+    kind: EventKind
+    key: ChunkKey
+    slot: int
+
+
+Subscriber = Callable[[StoreEvent], None]
+
+
+class EventLog:
+    """A subscriber that keeps events until drained.
+
+    >>> log = EventLog()
+    >>> log(StoreEvent(EventKind.STORED, ChunkKey(bytes(40)), 0))
+    >>> [e.kind.value for e in log.drain()], log.drain()
+    (['stored'], [])
+    """
+
+    def __init__(self) -> None:
+        self._events: list[StoreEvent] = []
+
+    def __call__(self, event: StoreEvent) -> None:
+        self._events.append(event)
+
+    def drain(self) -> list[StoreEvent]:
+        """Every event since the last drain, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+
+class HandleError(ValueError):
+    """A ``complete_*`` got a handle that is not live here: already completed, from another
+    store, or of the other kind. Nothing changed."""
+
+
+class ChunkNotReadyError(LookupError):
+    """``prepare_load`` asked for keys that are not readable; nothing was pinned."""
