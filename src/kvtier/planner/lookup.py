@@ -42,6 +42,29 @@ def candidate_boundaries(
     return [b for b in reversed(bounds) if b > on_device and (top is None or b <= top)]
 
 
+def ready_at(
+    layout: Layout,
+    chain: KeyChain,
+    b: int,
+    on_device: int,
+    states: Callable[[list[ChunkKey]], list[ChunkState]],
+    loading_elsewhere: Callable[[ChunkKey], bool] | None,
+) -> list[dict[int, ChunkKey]] | None:
+    """The fast path: the keys per group if every chunk a hit at ``b`` loads is ready
+    (the common case of a prompt stored whole), else None."""
+    keys: list[dict[int, ChunkKey]] = []
+    for gi, g in enumerate(layout.groups):
+        chunks = coverage.load_chunks(g, b, on_device)
+        keys.append(dict(zip(chunks, chain.keys(gi, chunks), strict=True)))
+    flat = [k for ks in keys for k in ks.values()]
+    found = states(flat)
+    if ChunkState.ABSENT in found or ChunkState.WRITING in found:  # C-speed identity scans
+        return None
+    if loading_elsewhere is not None and any(map(loading_elsewhere, flat)):
+        return None
+    return keys
+
+
 def needed_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> list[ChunkRanges]:
     """Per group, every chunk some candidate boundary would load."""
     return [

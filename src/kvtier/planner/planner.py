@@ -34,7 +34,7 @@ from kvtier import coverage
 from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
-from kvtier.planner.lookup import assess, candidate_boundaries
+from kvtier.planner.lookup import assess, candidate_boundaries, ready_at
 from kvtier.planner.requests import PendingHit, RequestState, load_block_ids, store_block_ids
 from kvtier.planner.types import (
     ChunkCopy,
@@ -143,9 +143,13 @@ class Planner:
         )
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
+        loading = self._loading_elsewhere
+        fast = ready_at(self.layout, req.chain, candidates[0], on_device, self.store.lookup,
+                        loading if self._loading else None)
+        if fast is not None:
+            return self._pin_hit(req, candidates[0], on_device, fast)
         avail, keys = assess(
-            self.layout, req.chain, candidates, on_device, self.store.lookup,
-            lambda k: self._loading[k] > 0,
+            self.layout, req.chain, candidates, on_device, self.store.lookup, loading
         )
         best = avail.best_ready
         if avail.best_soon > best:
@@ -161,6 +165,9 @@ class Planner:
         if best <= on_device:
             return Lookup(Outcome.MISS, on_device)
         return self._pin_hit(req, best, on_device, keys)
+
+    def _loading_elsewhere(self, key: ChunkKey) -> bool:
+        return self._loading[key] > 0 if self._loading else False
 
     def _pin_hit(
         self, req: RequestState, b: int, on_device: int, keys: list[dict[int, ChunkKey]]

@@ -1,0 +1,102 @@
+"""Planning cost for a 131,072-token prompt with 256-token chunks.
+
+Run: ``python benchmarks/planner.py``. Measures, for a full-attention layout and a full +
+sliding-window (128) layout: a consumer's lookup of a fully stored prompt (keys prebuilt,
+and with key building included), store planning per 8,192-token prefill step, and per
+decoding step. Targets are the figures measured on this kind of machine for vLLM 0.33's
+native offloading scheduler on the same shapes (issue 4). Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import numpy as np
+
+from kvtier.keys import Namespace
+from kvtier.layout import Group, Layout
+from kvtier.planner import Outcome, Planner
+from kvtier.store import ChunkStore
+
+PROMPT = 131072
+STEP = 8192
+DECODE_STEPS = 512
+LAYOUTS = {
+    "full": Layout((Group("full", 16, 16),)),
+    "hybrid": Layout((Group("full", 16, 16), Group("sliding_window", 16, 16, window=128))),
+}
+TARGETS_MS = {
+    "full": {"lookup": 0.60, "lookup_prebuilt": 0.35, "prefill_step": 0.40, "decode_step": 0.053},
+    "hybrid": {"lookup": 0.85, "lookup_prebuilt": 0.35, "prefill_step": 0.40,
+               "decode_step": 0.053},
+}
+
+
+def table_for(layout: Layout, tokens: int) -> list[list[int]]:
+    return [list(range(tokens // g.tokens_per_block + 1)) for g in layout.groups]
+
+
+def produce(planner: Planner, layout: Layout, prompt: np.ndarray) -> tuple[float, float]:
+    """Prefill in 8k steps then decode; returns median ms per prefill and decode step."""
+    planner.add_request("producer", prompt)
+    table = table_for(layout, PROMPT + DECODE_STEPS)
+    prefill = []
+    for h in range(STEP, PROMPT + 1, STEP):
+        t = time.perf_counter()
+        job = planner.on_computed("producer", h, table)
+        prefill.append(time.perf_counter() - t)
+        if job is not None:
+            planner.complete_store(job.id, True)
+    decode = []
+    for i in range(DECODE_STEPS):
+        t = time.perf_counter()
+        planner.append_tokens("producer", [i])
+        job = planner.on_computed("producer", PROMPT + i + 1, table)
+        decode.append(time.perf_counter() - t)
+        if job is not None:
+            planner.complete_store(job.id, True)
+    planner.finish("producer")
+    return statistics.median(prefill) * 1e3, statistics.median(decode) * 1e3
+
+
+def consume(planner: Planner, prompt: np.ndarray, n: int = 30) -> tuple[float, float]:
+    """Median ms of a consumer's lookup: keys prebuilt, and with key building."""
+    prebuilt, whole = [], []
+    for i in range(n):
+        t0 = time.perf_counter()
+        planner.add_request(f"c{i}", prompt)
+        t1 = time.perf_counter()
+        result = planner.lookup(f"c{i}")
+        t2 = time.perf_counter()
+        assert result.outcome is Outcome.HIT and result.hit_tokens == PROMPT - 256
+        planner.decline_hit(f"c{i}")
+        planner.finish(f"c{i}")
+        prebuilt.append(t2 - t1)
+        whole.append(t2 - t0)
+    return statistics.median(whole) * 1e3, statistics.median(prebuilt) * 1e3
+
+
+def main() -> None:
+    prompt = np.random.default_rng(0).integers(0, 150_000, PROMPT, dtype=np.uint32)
+    figures: dict[str, float] = {}
+    met = True
+    print(f"{'layout':<8}{'figure':<18}{'kvtier ms':>11}{'vLLM native ms':>16}")
+    for name, layout in LAYOUTS.items():
+        planner = Planner(layout, ChunkStore(4096), Namespace("bench"))
+        prefill, decode = produce(planner, layout, prompt)
+        lookup, prebuilt = consume(planner, prompt)
+        got = {"lookup": lookup, "lookup_prebuilt": prebuilt, "prefill_step": prefill,
+               "decode_step": decode}
+        for fig, ms in got.items():
+            figures[f"{name}_{fig}_ms"] = ms
+            met &= ms <= TARGETS_MS[name][fig]
+            print(f"{name:<8}{fig:<18}{ms:>11.4f}{TARGETS_MS[name][fig]:>16.3f}")
+    targets = {f"{n}_{f}_ms": v for n, t in TARGETS_MS.items() for f, v in t.items()}
+    print(json.dumps({"benchmark": "planner", "figures": figures, "targets": targets,
+                      "met": bool(met)}))
+
+
+if __name__ == "__main__":
+    main()
