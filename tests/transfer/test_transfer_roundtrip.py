@@ -26,28 +26,41 @@ def engine_for(layout: Layout, kv: list[GroupKV], **kw: object) -> TransferEngin
     return TransferEngine(layout, kv, **kw)  # type: ignore[arg-type]
 
 
-def fresh_slab(engine: TransferEngine, num_slots: int, extra: int = 64) -> torch.Tensor:
-    slab = allocate_slab(num_slots, engine.slot_bytes + extra, engine.device)
-    slab.fill_(FILL)
-    return slab
+SLOT_KINDS = ["slab", "separate", "uneven"]
 
 
+def make_slots(engine: TransferEngine, num_slots: int, kind: str = "slab") -> list[torch.Tensor]:
+    """Slots filled with FILL, 64 bytes larger than the largest chunk.
+
+    ``slab``: consecutive rows of one slab (moved in one pass, no staging); ``separate``:
+    one tensor each, and ``uneven``: rows 0, 1, 3, 4, 6, ... of a slab (both through
+    staging when a batch has more than one copy).
+    """
+    size = engine.slot_bytes + 64
+    if kind == "separate":
+        return [torch.full((size,), FILL, dtype=torch.uint8) for _ in range(num_slots)]
+    rows = [i + i // 2 for i in range(num_slots)] if kind == "uneven" else range(num_slots)
+    slab = allocate_slab(2 * num_slots, size, engine.device).fill_(FILL)
+    return [slab[i] for i in rows]
+
+
+@pytest.mark.parametrize("kind", SLOT_KINDS)
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_store_then_load_restores_exact_bytes(axis: int, dtype: torch.dtype) -> None:
+def test_store_then_load_restores_exact_bytes(axis: int, dtype: torch.dtype, kind: str) -> None:
     gen = torch.Generator().manual_seed(1)
     layout = Layout((Group("full", tokens_per_block=4, blocks_per_chunk=3),))
     kv = random_group(3, axis, num_blocks=20, tokens=4, dtype=dtype, gen=gen)
     original = snapshot(kv)
     tables = [[3, 17, 5], [0, 1, 2], [19, 8, 11]]
     with engine_for(layout, [kv]) as engine:
-        slab = fresh_slab(engine, 3)
+        slab = make_slots(engine, 3, kind)
         copies = [ChunkCopy(0, slab[i], ids) for i, ids in enumerate(tables)]
         assert engine.wait(engine.submit_store(copies)).ok
         for i, copy in enumerate(copies):
             n = engine.chunk_bytes(0)
-            assert torch.equal(slab[i, :n], expected_slot(kv, 3, copy, FILL))
-            assert bool((slab[i, n:] == FILL).all()), "bytes past the chunk were written"
+            assert torch.equal(slab[i][:n], expected_slot(kv, 3, copy, FILL))
+            assert bool((slab[i][n:] == FILL).all()), "bytes past the chunk were written"
         for t in kv.layers:
             t.reshape(-1).view(torch.uint8).zero_()
         assert engine.wait(engine.submit_load(copies)).ok
@@ -64,13 +77,14 @@ def _blocks(t: torch.Tensor, axis: int, ids: list[int]) -> list[torch.Tensor]:
     return [t[b] if axis == 0 else t[:, b] for b in ids]
 
 
-def test_load_into_other_blocks_moves_kv_between_block_ids() -> None:
+@pytest.mark.parametrize("kind", SLOT_KINDS)
+def test_load_into_other_blocks_moves_kv_between_block_ids(kind: str) -> None:
     gen = torch.Generator().manual_seed(2)
     layout = Layout((Group("full", tokens_per_block=2, blocks_per_chunk=2),))
     kv = random_group(2, 0, num_blocks=10, tokens=2, dtype=torch.bfloat16, gen=gen)
     original = snapshot(kv)
     with engine_for(layout, [kv]) as engine:
-        slab = fresh_slab(engine, 1)
+        slab = make_slots(engine, 1, kind)
         assert engine.wait(engine.submit_store(ChunkCopy(0, slab[0], (1, 2)))).ok
         assert engine.wait(engine.submit_load(ChunkCopy(0, slab[0], (7, 4)))).ok
     for now, before in zip(kv.layers, original, strict=True):
@@ -94,12 +108,13 @@ def hybrid_layout() -> tuple[Layout, list[GroupKV]]:
     return layout, kv
 
 
-def test_groups_with_different_block_sizes_share_one_job_and_one_slab() -> None:
+@pytest.mark.parametrize("kind", SLOT_KINDS)
+def test_groups_with_different_block_sizes_share_one_job_and_one_slab(kind: str) -> None:
     layout, kv = hybrid_layout()
     originals = [snapshot(k) for k in kv]
     with engine_for(layout, kv) as engine:
         assert engine.slot_bytes == layout.max_bytes_per_chunk == engine.chunk_bytes(1) == 3072
-        slab = fresh_slab(engine, 4)
+        slab = make_slots(engine, 4, kind)
         numpy_slot = np.full(engine.slot_bytes, FILL, dtype=np.uint8)
         copies = [
             ChunkCopy(0, slab[0], (5,)), ChunkCopy(1, slab[1], (9, 3, 30, 31)),
@@ -119,7 +134,8 @@ def test_groups_with_different_block_sizes_share_one_job_and_one_slab() -> None:
             assert blocks_equal(now, before, group.block_axis, ids, ids)
 
 
-def test_partial_block_run_loads_only_live_blocks() -> None:
+@pytest.mark.parametrize("kind", SLOT_KINDS)
+def test_partial_block_run_loads_only_live_blocks(kind: str) -> None:
     """Sliding window 8, E=5, 2-token blocks, 8-token chunks, hit at 24: retained [12, 24),
     so chunk 1 from its block 2 on (request blocks 6, 7), then chunk 2 whole."""
     gen = torch.Generator().manual_seed(4)
@@ -130,7 +146,7 @@ def test_partial_block_run_loads_only_live_blocks() -> None:
     original = snapshot(kv)
     table = list(range(15, 3, -1))  # request block i lives in engine block table[i]
     with engine_for(Layout((group,)), [kv]) as engine:
-        slab = fresh_slab(engine, 3)
+        slab = make_slots(engine, 3, kind)
         stores = [ChunkCopy(0, slab[c], table[4 * c : 4 * c + 4]) for c in range(3)]
         assert engine.wait(engine.submit_store(stores)).ok
         for t in kv.layers:
@@ -145,18 +161,27 @@ def test_partial_block_run_loads_only_live_blocks() -> None:
         assert all(bool((blk.view(torch.int16) == -1).all()) for blk in _blocks(now, 1, dead))
 
 
-def test_partial_store_writes_only_its_blocks() -> None:
+@pytest.mark.parametrize("kind", SLOT_KINDS)
+def test_partial_copies_move_only_their_blocks(kind: str) -> None:
     gen = torch.Generator().manual_seed(5)
     layout = Layout((Group("sliding_window", 4, 4, window=4),))
     kv = random_group(2, 0, num_blocks=8, tokens=4, dtype=torch.float32, gen=gen)
+    original = snapshot(kv)
     with engine_for(layout, [kv]) as engine:
-        slab = fresh_slab(engine, 1)
-        copy = ChunkCopy(0, slab[0], (6,), first_block=3)
-        assert engine.wait(engine.submit_store(copy)).ok
-        assert torch.equal(slab[0, : engine.chunk_bytes(0)], expected_slot(kv, 4, copy, FILL))
+        slab = make_slots(engine, 2, kind)
+        copies = [ChunkCopy(0, slab[0], (6, 7), first_block=2), ChunkCopy(0, slab[1], (1, 2), 2)]
+        assert engine.wait(engine.submit_store(copies)).ok
+        for slot, copy in zip(slab, copies, strict=True):
+            assert torch.equal(slot[: engine.chunk_bytes(0)], expected_slot(kv, 4, copy, FILL))
+        back = [ChunkCopy(0, slab[0], (0, 3), first_block=2), ChunkCopy(0, slab[1], (4, 5), 2)]
+        assert engine.wait(engine.submit_load(back)).ok
+    for now, before in zip(kv.layers, original, strict=True):
+        assert blocks_equal(now, before, 0, [0, 3, 4, 5], [6, 7, 1, 2])
+        assert blocks_equal(now, before, 0, [1, 2, 6, 7], [1, 2, 6, 7])
 
 
-def test_state_chunk_holds_one_block_the_state_after_its_last_token() -> None:
+@pytest.mark.parametrize("kind", SLOT_KINDS)
+def test_state_chunk_holds_one_block_the_state_after_its_last_token(kind: str) -> None:
     """4-token blocks, 2 blocks per chunk: a hit at 16 needs the state in request block 3."""
     gen = torch.Generator().manual_seed(6)
     group = Group("state", 4, 2, bytes_per_state=3 * 40)
@@ -165,25 +190,26 @@ def test_state_chunk_holds_one_block_the_state_after_its_last_token() -> None:
     table = [5, 4, 3, 2]
     with engine_for(Layout((group,)), [kv]) as engine:
         assert engine.chunk_bytes(0) == 120
-        slab = fresh_slab(engine, 1)
+        slab = make_slots(engine, 1, kind)
         (run,) = load_set(group, 16)
         copy = engine.copy_for_run(0, slab[0], run, table)
         assert (copy.block_ids, copy.first_block) == ((2,), 0)
         assert engine.wait(engine.submit_store(copy)).ok
-        assert torch.equal(slab[0, :120], expected_slot(kv, 1, copy, FILL))
+        assert torch.equal(slab[0][:120], expected_slot(kv, 1, copy, FILL))
         assert engine.wait(engine.submit_load(ChunkCopy(0, slab[0], (0,)))).ok
     for now, before in zip(kv.layers, original, strict=True):
         assert same_bytes(now[0], before[2])
         assert same_bytes(now[1:], before[1:])
 
 
-def test_jobs_larger_than_staging_run_in_batches() -> None:
+@pytest.mark.parametrize("kind", SLOT_KINDS)
+def test_jobs_larger_than_staging_run_in_batches(kind: str) -> None:
     gen = torch.Generator().manual_seed(7)
     layout = Layout((Group("full", 4, 2),))
     kv = random_group(2, 1, num_blocks=64, tokens=4, dtype=torch.bfloat16, gen=gen)
     original = snapshot(kv)
     with engine_for(layout, [kv], staging_bytes=1) as engine:
-        slab = fresh_slab(engine, 32)
+        slab = make_slots(engine, 32, kind)
         perm = torch.randperm(64, generator=gen).tolist()
         copies = [ChunkCopy(0, slab[i], perm[2 * i : 2 * i + 2]) for i in range(32)]
         assert engine.wait(engine.submit_store(copies)).ok

@@ -144,7 +144,7 @@ class TransferEngine:
             if self._workers:
                 return
             for direction in ("store", "load"):
-                mover = Mover(self.device, self._fault)
+                mover = Mover(self.device, self._fault, self._staging_bytes)
                 self._workers[direction] = _Worker(direction, mover, self._report)
 
     def submit_store(self, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
@@ -189,7 +189,7 @@ class TransferEngine:
 
     def _submit(self, direction: Direction, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
         items = as_copies(copies)
-        batches = plan_job(self._views, direction, items, self._staging_bytes)
+        batches = plan_job(self._views, direction, items)
         self.start()
         ready = self._record_ready()
         with self._cond:  # ids and queue order agree, even with concurrent submitters

@@ -16,6 +16,7 @@ been reached. On the CPU the same code runs synchronously on ordinary memory.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -43,32 +44,61 @@ class Staging:
         return self._buf[:need].view(view.word).view(len(batch.copies), view.chunk_words)
 
 
+def slab_rows(batch: Batch) -> torch.Tensor | None:
+    """The batch's slots as one ``[n, chunk_words]`` word view, when they allow it.
+
+    They do when all share one storage, sit at evenly spaced, word-aligned addresses (the
+    usual case: consecutive rows of one slab), and live on the KV device (the CPU). Then
+    copies move between the KV tensors and the slots in one pass, with no staging.
+
+    Example: slots ``slab[4]``, ``slab[5]``, ``slab[6]`` of a ``[64, 4096]`` slab, 8-byte
+    words: a view with strides ``(512, 1)`` starting at word ``4 * 512`` of the slab.
+    """
+    slots, word = batch.slots, batch.view.word_bytes
+    first = slots[0]
+    if first.device != batch.view.device:
+        return None
+    base = first.untyped_storage().data_ptr()
+    if any(s.untyped_storage().data_ptr() != base for s in slots):
+        return None
+    ptrs = [s.data_ptr() for s in slots]
+    spacing = ptrs[1] - ptrs[0] if len(ptrs) > 1 else batch.view.chunk_bytes
+    evenly = all(b - a == spacing for a, b in itertools.pairwise(ptrs))
+    if not evenly or spacing <= 0 or spacing % word or (ptrs[0] - base) % word:
+        return None
+    out = torch.empty(0, dtype=batch.view.word, device=first.device)
+    shape = (len(slots), batch.view.chunk_words)
+    return out.set_(first.untyped_storage(), (ptrs[0] - base) // word, shape, (spacing // word, 1))
+
+
 def placements(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
     """``(piece rows, block ids, staging view)`` triples covering every block of a batch.
 
-    For each run of same-shape copies and each chunk-relative block position ``p`` in it,
-    every layer piece yields its ``[num_blocks, width]`` rows, the engine block ids at
-    ``p`` of the run's copies, and the staging columns where position ``p`` of that piece
-    lives (a strided ``[rows_in_run, width]`` view).
+    For each chunk-relative block position ``p`` of the batch's shape, every layer piece
+    yields its ``[num_blocks, width]`` rows, the engine block ids at ``p`` of every copy,
+    and the staging columns where position ``p`` of that piece lives (a strided
+    ``[len(copies), width]`` view).
     """
     view = batch.view
-    device = staged.device
-    for first, count, lo, hi in batch.shapes():
-        ids = batch.block_ids(lo, hi).to(device)
-        for li, layer in enumerate(view.layers):
-            for j in range(count):
-                base = view.block_word(li, first + j)
-                for piece in layer.pieces:
-                    col = base + piece.offset
-                    yield piece.rows, ids[j], staged[lo:hi, col : col + piece.width]
+    ids = batch.block_ids().to(staged.device)
+    for li, layer in enumerate(view.layers):
+        for j in range(batch.num_blocks):
+            base = view.block_word(li, batch.first_block + j)
+            for piece in layer.pieces:
+                col = base + piece.offset
+                yield piece.rows, ids[j], staged[:, col : col + piece.width]
 
 
 class Mover:
-    """Runs store and load batches for one direction, on its own CUDA stream if any."""
+    """Runs store and load batches for one direction, on its own CUDA stream if any.
 
-    def __init__(self, device: torch.device, fault: FaultHook | None) -> None:
+    ``staging_bytes`` bounds the staging buffer; a batch that needs more runs in parts.
+    """
+
+    def __init__(self, device: torch.device, fault: FaultHook | None, staging_bytes: int) -> None:
         self._device = device
         self._fault = fault
+        self._staging_bytes = staging_bytes
         self._staging = Staging(device)
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -76,33 +106,52 @@ class Mover:
         """Engine blocks -> slots. ``ready``: a CUDA event the copies must wait for."""
         with self._on_stream(ready):
             for batch in batches:
-                staged = self._staging.rows(batch)
-                for rows, ids, dst in placements(batch, staged):
-                    torch.index_select(rows, 0, ids, out=dst)
-                self._staging_to_slots(batch, staged)
+                direct = slab_rows(batch)
+                if direct is not None:
+                    self._check_faults(batch)
+                    _gather(batch, direct)
+                    continue
+                for part in self._parts(batch):
+                    staged = self._staging.rows(part)
+                    _gather(part, staged)
+                    self._staging_to_slots(part, staged)
 
     def load(self, batches: Sequence[Batch], ready: object | None) -> None:
         """Slots -> engine blocks. ``ready``: a CUDA event the copies must wait for."""
         with self._on_stream(ready):
             for batch in batches:
-                staged = self._staging.rows(batch)
-                self._slots_to_staging(batch, staged)
-                for rows, ids, src in placements(batch, staged):
-                    rows.index_copy_(0, ids, src)
+                direct = slab_rows(batch)
+                if direct is not None:
+                    self._check_faults(batch)
+                    _scatter(batch, direct)
+                    continue
+                for part in self._parts(batch):
+                    staged = self._staging.rows(part)
+                    self._slots_to_staging(part, staged)
+                    _scatter(part, staged)
+
+    def _parts(self, batch: Batch) -> list[Batch]:
+        return batch.split(self._staging_bytes // batch.view.chunk_bytes)
 
     def _staging_to_slots(self, batch: Batch, staged: torch.Tensor) -> None:
         raw = staged.view(torch.uint8)
+        ranges = batch.view.byte_ranges(batch.first_block, batch.num_blocks)
         for i, (copy, slot) in enumerate(zip(batch.copies, batch.slots, strict=True)):
             self._check_fault(copy)
-            for lo, hi in batch.view.byte_ranges(copy.first_block, copy.num_blocks):
+            for lo, hi in ranges:
                 slot[lo:hi].copy_(raw[i, lo:hi], non_blocking=self._stream is not None)
 
     def _slots_to_staging(self, batch: Batch, staged: torch.Tensor) -> None:
         raw = staged.view(torch.uint8)
+        ranges = batch.view.byte_ranges(batch.first_block, batch.num_blocks)
         for i, (copy, slot) in enumerate(zip(batch.copies, batch.slots, strict=True)):
             self._check_fault(copy)
-            for lo, hi in batch.view.byte_ranges(copy.first_block, copy.num_blocks):
+            for lo, hi in ranges:
                 raw[i, lo:hi].copy_(slot[lo:hi], non_blocking=self._stream is not None)
+
+    def _check_faults(self, batch: Batch) -> None:
+        for copy in batch.copies:
+            self._check_fault(copy)
 
     def _check_fault(self, copy: ChunkCopy) -> None:
         if self._fault is not None:
@@ -123,3 +172,15 @@ class Mover:
                 done = torch.cuda.Event()
                 done.record(self._stream)
                 done.synchronize()
+
+
+def _gather(batch: Batch, staged: torch.Tensor) -> None:
+    """KV blocks -> slot-layout rows ``staged`` (a staging buffer or the slots themselves)."""
+    for rows, ids, dst in placements(batch, staged):
+        torch.index_select(rows, 0, ids, out=dst)
+
+
+def _scatter(batch: Batch, staged: torch.Tensor) -> None:
+    """Slot-layout rows ``staged`` -> KV blocks."""
+    for rows, ids, src in placements(batch, staged):
+        rows.index_copy_(0, ids, src)

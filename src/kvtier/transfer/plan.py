@@ -1,13 +1,13 @@
-"""From a job's copies to batches the mover runs: checked, grouped, sorted, sized.
+"""From a job's copies to batches the mover runs: checked, grouped, sorted.
 
 Every check a caller can fail happens here, at submit time, so that a bad spec raises
-``ValueError`` in the caller's thread instead of failing a job later. A batch holds copies
-of one group that fit the staging buffer together, sorted by ``(first_block, num_blocks)``
-so that copies of one shape sit in consecutive staging rows and move with one batched
-``index_select`` / ``index_copy_`` per (block position, layer piece).
+``ValueError`` in the caller's thread instead of failing a job later. A batch holds the
+copies of one group with one shape ``(first_block, num_blocks)``, sorted by slot address,
+so that they move with one batched ``index_select`` / ``index_copy_`` per (block position,
+layer piece), and slots that sit evenly spaced in one slab can be addressed as one view.
 
-Example: a load of chunks 1 (block 3 only), 2 and 3 of a 4-block group makes one batch:
-``shapes() == [(0, 4, 0, 2), (3, 1, 2, 3)]`` (full chunks in rows 0..1, the tail in row 2).
+Example: a load of chunks 1 (block 3 only), 2 and 3 of a 4-block group makes two batches:
+chunks 2 and 3 (shape ``(0, 4)``), then chunk 1 (shape ``(3, 1)``).
 """
 
 from __future__ import annotations
@@ -24,25 +24,31 @@ from kvtier.transfer.views import GroupView, slot_tensor
 
 @dataclass(frozen=True)
 class Batch:
-    """Copies of one group, in staging-row order, with their slots as tensors."""
+    """Copies of one group and one shape ``(first_block, num_blocks)``, by slot address."""
 
     view: GroupView
     copies: tuple[ChunkCopy, ...]
     slots: tuple[torch.Tensor, ...]
 
-    def shapes(self) -> list[tuple[int, int, int, int]]:
-        """``(first_block, num_blocks, row_lo, row_hi)`` for each run of same-shape copies."""
-        out, row = [], 0
-        for (first, count), members in groupby(self.copies, _shape):
-            n = len(list(members))
-            out.append((first, count, row, row + n))
-            row += n
-        return out
+    @property
+    def first_block(self) -> int:
+        return self.copies[0].first_block
 
-    def block_ids(self, lo: int, hi: int) -> torch.Tensor:
-        """``[num_blocks, hi - lo]`` engine block ids of rows ``lo..hi-1``, position-major."""
-        rows = [c.block_ids for c in self.copies[lo:hi]]
-        return torch.tensor(rows, dtype=torch.int64).T.contiguous()
+    @property
+    def num_blocks(self) -> int:
+        return self.copies[0].num_blocks
+
+    def block_ids(self) -> torch.Tensor:
+        """``[num_blocks, len(copies)]`` engine block ids, position-major."""
+        return torch.tensor([c.block_ids for c in self.copies], dtype=torch.int64).T.contiguous()
+
+    def split(self, size: int) -> list[Batch]:
+        """Consecutive parts of at most ``size`` copies (at least one each)."""
+        size = max(1, size)
+        return [
+            Batch(self.view, self.copies[i : i + size], self.slots[i : i + size])
+            for i in range(0, len(self.copies), size)
+        ]
 
 
 def _shape(copy: ChunkCopy) -> tuple[int, int]:
@@ -50,22 +56,19 @@ def _shape(copy: ChunkCopy) -> tuple[int, int]:
 
 
 def plan_job(
-    views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy],
-    staging_bytes: int,
+    views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy]
 ) -> list[Batch]:
-    """Check every copy of a job and cut the job into batches (raises ``ValueError``)."""
+    """Check every copy of a job and group it into batches (raises ``ValueError``)."""
     slots = [_check_copy(views, i, c) for i, c in enumerate(copies)]
     _check_distinct(views, direction, copies, slots)
-    batches: list[Batch] = []
-    for view in views:
-        mine = sorted(
-            (pair for pair in zip(copies, slots, strict=True) if pair[0].group == view.index),
-            key=lambda pair: _shape(pair[0]),
-        )
-        per_batch = max(1, staging_bytes // view.chunk_bytes)
-        for start in range(0, len(mine), per_batch):
-            part = mine[start : start + per_batch]
-            batches.append(Batch(view, tuple(c for c, _ in part), tuple(s for _, s in part)))
+    pairs = sorted(
+        zip(copies, slots, strict=True),
+        key=lambda pair: (pair[0].group, _shape(pair[0]), pair[1].data_ptr()),
+    )
+    batches = []
+    for (group, _), members in groupby(pairs, lambda pair: (pair[0].group, _shape(pair[0]))):
+        part = list(members)
+        batches.append(Batch(views[group], tuple(c for c, _ in part), tuple(s for _, s in part)))
     return batches
 
 
@@ -108,9 +111,14 @@ def _check_distinct(
 def _slot_ranges(
     views: Sequence[GroupView], copies: Sequence[ChunkCopy], slots: Sequence[torch.Tensor]
 ) -> Iterator[tuple[int, int, int]]:
+    shapes: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
     for i, (c, s) in enumerate(zip(copies, slots, strict=True)):
-        for lo, hi in views[c.group].byte_ranges(c.first_block, c.num_blocks):
-            yield s.data_ptr() + lo, s.data_ptr() + hi, i
+        key = (c.group, c.first_block, c.num_blocks)
+        if key not in shapes:
+            shapes[key] = views[c.group].byte_ranges(c.first_block, c.num_blocks)
+        ptr = s.data_ptr()
+        for lo, hi in shapes[key]:
+            yield ptr + lo, ptr + hi, i
 
 
 def _first_duplicate(ranges: Iterator[tuple[int, int, int]]) -> tuple[int, int] | None:

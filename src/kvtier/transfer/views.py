@@ -56,6 +56,7 @@ class GroupView:
     """
 
     index: int
+    device: torch.device
     layers: tuple[LayerView, ...]
     num_blocks: int
     blocks_per_slot: int
@@ -142,7 +143,8 @@ def _group_view(index: int, group: Group, kv: GroupKV) -> GroupView:
         words = nbytes // word_bytes
         layers.append(LayerView(_pieces(t, kv.block_axis, word_bytes), words, offset))
         offset += words * blocks_per_slot
-    return GroupView(index, tuple(layers), num_blocks, blocks_per_slot, word_bytes)
+    device = kv.layers[0].device
+    return GroupView(index, device, tuple(layers), num_blocks, blocks_per_slot, word_bytes)
 
 
 def _check_layer(where: str, i: int, t: torch.Tensor, group: Group, kv: GroupKV) -> None:
