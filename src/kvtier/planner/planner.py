@@ -78,7 +78,7 @@ class Planner:
         self._requests: dict[str, RequestState] = {}
         self._jobs: dict[int, tuple[TransferJob, LoadHandle | StoreHandle]] = {}
         self._loading: Counter[ChunkKey] = Counter()  # keys in load jobs in flight
-        self._fences: dict[tuple[int, int], set[int]] = {}
+        self._fenced: dict[int, list[frozenset[int]]] = {}  # store job -> blocks per group
         self._cancelled: set[int] = set()
         self._ids = itertools.count(1)
 
@@ -312,7 +312,7 @@ class Planner:
         req.pending = []
         if not live:
             return None
-        keys = [req.chain.keys(gi, [c])[0] for gi, c, _, _ in live]
+        keys = self._keys_of(req, [(gi, c) for gi, c, _, _ in live])
         handle = self.store.prepare_store(keys)
         if isinstance(handle, StoreRefusal):
             self._count(req, "store_refusals")
@@ -320,6 +320,15 @@ class Planner:
                 req.pending = [(gi, c) for gi, c, _, _ in live]
             return None
         return self._store_job(req, handle, dict(zip(keys, live, strict=True)))
+
+    @staticmethod
+    def _keys_of(req: RequestState, chunks: list[tuple[int, int]]) -> list[ChunkKey]:
+        """Keys of (group, chunk) pairs, hashed per group in one batch, in the given order."""
+        by_group: dict[int, list[int]] = {}
+        for gi, c in chunks:
+            by_group.setdefault(gi, []).append(c)
+        found = {gi: iter(req.chain.keys(gi, cs)) for gi, cs in by_group.items()}
+        return [next(found[gi]) for gi, _ in chunks]
 
     def _store_job(
         self, req: RequestState, handle: StoreHandle,
@@ -335,9 +344,10 @@ class Planner:
         job = TransferJob(next(self._ids), req.request_id, "store", copies)
         self._jobs[job.id] = (job, handle)
         req.store_jobs.add(job.id)
+        per_group: list[set[int]] = [set() for _ in self.layout.groups]
         for c in copies:
-            for b in c.block_ids:
-                self._fences.setdefault((c.group, b), set()).add(job.id)
+            per_group[c.group].update(c.block_ids)
+        self._fenced[job.id] = [frozenset(s) for s in per_group]
         return job
 
     def complete_store(self, job_id: int, ok: bool) -> None:
@@ -348,7 +358,7 @@ class Planner:
                 return
             job, handle = entry
             self.store.complete_store(handle, ok)  # type: ignore[arg-type]
-            self._unfence(job)
+            del self._fenced[job_id]
             req = self._requests[job.request_id]
             req.store_jobs.discard(job_id)
             if ok:
@@ -358,23 +368,14 @@ class Planner:
                 self._count(req, "store_failures")
             self._maybe_forget(req)
 
-    def _unfence(self, job: TransferJob) -> None:
-        for c in job.copies:
-            for b in c.block_ids:
-                waiting = self._fences.get((c.group, b))
-                if waiting is not None:
-                    waiting.discard(job.id)
-                    if not waiting:
-                        del self._fences[(c.group, b)]
-
     def fence(self, group: int, block_ids: Iterable[int]) -> list[int]:
         """Store jobs still reading any of ``block_ids`` of ``group``: wait for them before
         the engine writes those blocks again."""
         with self._lock:
-            jobs: set[int] = set()
-            for b in block_ids:
-                jobs |= self._fences.get((group, b), set())
-            return sorted(jobs)
+            wanted = set(block_ids)
+            return sorted(
+                j for j, blocks in self._fenced.items() if not blocks[group].isdisjoint(wanted)
+            )
 
     # ---- ends of a request -------------------------------------------------------------
 
@@ -423,7 +424,7 @@ class Planner:
                     self.store.complete_load(req.hit.handle)
             self._jobs.clear()
             self._requests.clear()
-            self._fences.clear()
+            self._fenced.clear()
             self._loading.clear()
 
     # ---- introspection -----------------------------------------------------------------
@@ -440,6 +441,6 @@ class Planner:
         """Assert nothing is left: no requests, jobs, fences or in-flight loads."""
         with self._lock:
             assert not self._jobs, f"{len(self._jobs)} jobs still in flight"
-            assert not self._fences, f"{len(self._fences)} fences left"
+            assert not self._fenced, f"{len(self._fenced)} fences left"
             assert not +self._loading, "loads still counted"
             assert not self._requests, f"requests left: {list(self._requests)}"

@@ -81,8 +81,7 @@ def store_block_ids(
     if gi >= len(table):
         raise ValueError(f"block table has {len(table)} groups; the layout has group {gi}")
     first = run.chunk * group.blocks_per_chunk + run.first_block
-    row = table[gi]
-    ids = [row[i] if i < len(row) else None for i in range(first, first + run.num_blocks)]
-    if all(isinstance(b, int) and b >= 0 for b in ids):
-        return tuple(ids)  # type: ignore[arg-type]
-    return None
+    ids = tuple(table[gi][first : first + run.num_blocks])
+    if len(ids) < run.num_blocks or None in ids or min(ids) < 0:  # type: ignore[operator,type-var]
+        return None
+    return ids  # type: ignore[return-value]
