@@ -8,7 +8,7 @@
 """
 
 from kvtier.store.host import HostSlab, slots_for_capacity
-from kvtier.store.manager import ChunkStore, checked_keys
+from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import (
     ARC,
     LRU,
@@ -30,6 +30,7 @@ from kvtier.store.results import (
     StoreEvent,
     StoreHandle,
     StoreRefusal,
+    checked_keys,
 )
 from kvtier.store.tier import SlotAllocator, SlotBackend, ZeroCopyBackend
 

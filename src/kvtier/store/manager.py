@@ -61,7 +61,6 @@ from kvtier.layout import Layout
 from kvtier.store.host import HostSlab
 from kvtier.store.policies import Policy, make_policy
 from kvtier.store.results import (
-    KEY_BYTES,
     ChunkNotReadyError,
     ChunkState,
     EventKind,
@@ -71,26 +70,13 @@ from kvtier.store.results import (
     StoreHandle,
     StoreRefusal,
     Subscriber,
+    checked_keys,
 )
 from kvtier.store.tier import SlotAllocator, SlotBackend
 
 _ABSENT, _WRITING, _READY, _PINNED = (
     ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY, ChunkState.PINNED,
 )
-
-
-def checked_keys(keys: Iterable[ChunkKey]) -> list[ChunkKey]:
-    """``keys`` as a list, each a 40-byte ``bytes`` ``ChunkKey``; ValueError otherwise."""
-    if isinstance(keys, (bytes, bytearray, str)):
-        raise ValueError("pass a list of ChunkKeys, not a single key or string")
-    out = keys if type(keys) is list else list(keys)
-    if out and (set(map(type, out)) != {bytes} or set(map(len, out)) != {KEY_BYTES}):
-        bad = next(k for k in out if type(k) is not bytes or len(k) != KEY_BYTES)
-        raise ValueError(
-            f"a chunk key must be {KEY_BYTES} bytes (a ChunkKey from KeyChain.key), "
-            f"got {type(bad).__name__} {bad!r:.60}"
-        )
-    return out
 
 
 class ChunkStore:
@@ -116,7 +102,7 @@ class ChunkStore:
         self._alloc = SlotAllocator(self.num_slots)
         self._slots: dict[ChunkKey, int] = {}  # every key holding a slot: writing or ready
         self._writing: set[ChunkKey] = set()  # keys whose store is in progress
-        self._pins: dict[ChunkKey, int] = {}  # ready key -> live loads holding it (> 0)
+        self._pins: Counter[ChunkKey] = Counter()  # ready key -> live loads holding it (> 0)
         self._loads: dict[int, LoadHandle] = {}
         self._stores: dict[int, StoreHandle] = {}
         self._ids = itertools.count(1)
@@ -302,10 +288,7 @@ class ChunkStore:
 
     def _pin(self, keys: list[ChunkKey]) -> None:
         """ready -> pinned (or one pin more); counts as an access."""
-        pins = self._pins
-        get = pins.get
-        for k in keys:
-            pins[k] = get(k, 0) + 1
+        self._pins.update(keys)
         self.policy.on_access(keys)
 
     def _unpin(self, keys: tuple[ChunkKey, ...]) -> None:
@@ -315,7 +298,7 @@ class ChunkStore:
             if left:
                 pins[k] = left
             else:
-                del pins[k]
+                pins.pop(k)  # dict.pop: Counter's __delitem__ is slow Python
 
     # ---- events ------------------------------------------------------------------------
 
@@ -364,7 +347,7 @@ class ChunkStore:
         if len(writers) != len(self._writing) or set(writers) != self._writing:
             raise AssertionError("writing keys disagree with the live store handles")
         pins = Counter(k for h in self._loads.values() for k in h.keys)
-        if dict(pins) != self._pins:
+        if pins != self._pins or 0 in self._pins.values():
             raise AssertionError("pin counts disagree with the live load handles")
         for h in self._loads.values():
             if tuple(self._slots[k] for k in h.keys) != h.slots:

@@ -1,4 +1,5 @@
-"""The small values the store protocol hands out: states, handles, refusals, events.
+"""The small values the store protocol hands out (states, handles, refusals, events), and
+the one check every key passes on the way in (`checked_keys`).
 
 Every ``prepare_*`` call returns a handle that its ``complete_*`` takes back; a handle is
 a frozen record of what was prepared (the keys, and the slots they occupy), so the data
@@ -8,13 +9,27 @@ plane can copy bytes to or from ``backend.view(slot)`` between the two calls.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvtier.keys import DIGEST_SIZE, TAG_SIZE, ChunkKey
 
 KEY_BYTES = TAG_SIZE + DIGEST_SIZE
 """Length of a ``ChunkKey``: an 8-byte group tag and a 32-byte prefix digest."""
+
+
+def checked_keys(keys: Iterable[ChunkKey]) -> list[ChunkKey]:
+    """``keys`` as a list, each a 40-byte ``bytes`` ``ChunkKey``; ValueError otherwise."""
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise ValueError("pass a list of ChunkKeys, not a single key or string")
+    out = keys if type(keys) is list else list(keys)
+    if out and (set(map(type, out)) != {bytes} or set(map(len, out)) != {KEY_BYTES}):
+        bad = next(k for k in out if type(k) is not bytes or len(k) != KEY_BYTES)
+        raise ValueError(
+            f"a chunk key must be {KEY_BYTES} bytes (a ChunkKey from KeyChain.key), "
+            f"got {type(bad).__name__} {bad!r:.60}"
+        )
+    return out
 
 
 class ChunkState(enum.Enum):

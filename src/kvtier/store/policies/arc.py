@@ -73,13 +73,10 @@ class ARC(Policy):
             self._b2.pop_oldest()
 
     def on_access(self, keys: Keys) -> None:
-        t1, t2 = self._t1, self._t2
-        for k in keys:
-            if k in t1:
-                t1.remove(k)
-                t2.push((k,))
-            else:
-                t2.move_to_end((k,))
+        # keys in T1 move to T2's new end; keys in T2 move to its new end, in access order
+        if self._t1:
+            self._t1.take(keys)
+        self._t2.move_or_push(keys)
 
     def on_remove(self, keys: Keys) -> None:
         for k in keys:
@@ -96,20 +93,27 @@ class ARC(Policy):
         yield from self._t2
 
     def _select(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
-        # protected keys never move between lists here, so their counts per list are fixed
-        in_t1, in_t2 = count_in(protected, self._t1), count_in(protected, self._t2)
-        return [self._replace(protected, in_t1, in_t2) for _ in range(n)]
+        from_t1 = self._split(n, protected)
+        chosen = self._t1.pop_unprotected(from_t1, protected)
+        self._b1.push(chosen)
+        from_t2 = self._t2.pop_unprotected(n - from_t1, protected)
+        self._b2.push(from_t2)
+        return chosen + from_t2
 
-    def _replace(self, protected: Collection[Hashable], in_t1: int, in_t2: int) -> Hashable:
-        """Evict one key: T1's oldest while ``|T1| > p`` (or T2 has none to give), else T2's."""
-        t1_free, t2_free = len(self._t1) > in_t1, len(self._t2) > in_t2
-        if t1_free and (len(self._t1) > self.p or not t2_free):
-            source, ghosts = self._t1, self._b1
-        else:
-            source, ghosts = self._t2, self._b2
-        (key,) = source.pop_unprotected(1, protected)
-        ghosts.push((key,))
-        return key
+    def _split(self, n: int, protected: Collection[Hashable]) -> int:
+        """How many of ``n`` victims come from T1: one at a time, T1's oldest while
+        ``|T1| > p`` (or T2 has none to give), else T2's. Protected keys stay in their
+        list, so each list's unprotected count just drops by one per victim taken."""
+        size_t1 = len(self._t1)
+        free_t1 = size_t1 - count_in(protected, self._t1)
+        free_t2 = len(self._t2) - count_in(protected, self._t2)
+        from_t1 = 0
+        for _ in range(n):
+            if free_t1 and (size_t1 > self.p or not free_t2):
+                size_t1, free_t1, from_t1 = size_t1 - 1, free_t1 - 1, from_t1 + 1
+            else:
+                free_t2 -= 1
+        return from_t1
 
     def check_invariants(self) -> None:
         super().check_invariants()

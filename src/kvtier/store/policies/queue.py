@@ -9,7 +9,8 @@ How: ``_order`` is a deque of keys, oldest on the left; moving a key to the new 
 it again and leaves its older entry behind, stale. ``_state[k]`` packs three fields into a
 small int: ``entries * 8 + live * 4 + value``, where ``entries`` counts ``k``'s entries in
 the deque. Popping the oldest skips entries that are stale (``entries > 1``: a newer one
-exists) or dead (removed). The deque is compacted when stale entries outnumber live keys.
+exists) or dead (removed). The deque is compacted when stale entries reach a quarter of
+the live keys (amortised O(1) per operation).
 
 >>> q = KeyQueue()
 >>> q.push(["a", "b", "c"]); q.move_to_end(["a"]); q.remove("b")
@@ -89,8 +90,25 @@ class KeyQueue:
         state = self._state
         found = [k for k in keys if state.get(k, 0) & LIVE]
         for k in found:
-            self.remove(k)
+            state[k] &= ~(LIVE | VALUE)
+        self._live -= len(found)
+        if found:
+            self._maybe_compact()
         return found
+
+    def move_or_push(self, keys: Iterable[Hashable]) -> None:
+        """Move each key to the new end, adding it (value 0) if it is not live here."""
+        state, append = self._state, self._order.append
+        added = 0
+        for k in keys:
+            st = state.get(k, 0)
+            if not st & LIVE:
+                st = (st & ~VALUE) + LIVE
+                added += 1
+            state[k] = st + ENTRY
+            append(k)
+        self._live += added
+        self._maybe_compact()
 
     def value(self, key: Hashable) -> int:
         return self._state[key] & VALUE
@@ -144,7 +162,7 @@ class KeyQueue:
         return chosen
 
     def _maybe_compact(self) -> None:
-        if len(self._order) > 2 * self._live + 64:
+        if len(self._order) > self._live + (self._live >> 2) + 64:
             self._compact()
 
     def _compact(self) -> None:
