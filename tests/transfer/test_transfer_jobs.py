@@ -164,3 +164,14 @@ def test_close_runs_queued_jobs_then_refuses_more(kv: GroupKV, slab: torch.Tenso
         engine.submit_load(ChunkCopy(0, slab[0], (0, 1)))
     engine.close()
 
+
+
+def test_an_empty_job_is_a_fence_for_its_direction(kv: GroupKV, slab: torch.Tensor) -> None:
+    gate = Gate(slab[0])
+    with TransferEngine(LAYOUT, [kv], fault=gate) as engine:
+        blocked = engine.submit_store(ChunkCopy(0, slab[0], (0, 1)))
+        fence = engine.submit_store([])
+        with pytest.raises(TimeoutError):
+            engine.wait(fence, timeout=0.01)
+        gate.opened.set()
+        assert engine.wait(fence).ok and engine.wait(blocked).ok

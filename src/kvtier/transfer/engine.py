@@ -15,6 +15,10 @@ touches any byte); the bytes move on one worker thread per direction, so stores 
 queue behind loads and each direction runs its jobs in submission order; ``poll`` and
 ``wait`` hand back each job's :class:`JobResult` exactly once. No thread starts in the
 constructor: ``start`` (or the first submit) starts both workers.
+
+Until a job's result is handed back, the caller must neither reuse its slots nor let the
+engine overwrite or free its blocks (the planner's fences). An empty job is allowed and
+finishes after every job queued before it in its direction.
 """
 
 from __future__ import annotations

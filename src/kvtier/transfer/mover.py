@@ -1,11 +1,13 @@
-"""Moves the bytes of planned batches, through a staging buffer on the KV device.
+"""Moves the bytes of planned batches between the KV tensors and the slots.
 
-A store gathers every block of a batch from every layer into staging rows laid out exactly
-like slots (``index_select`` into a strided view, one call per block position and layer
-piece, over all the batch's chunks at once), then copies each row's live byte ranges into
-its slot. A load does the reverse: slot ranges into staging rows, then ``index_copy_``
-into the engine's blocks. Staging makes the device-side work a few large batched kernels
-and the host side one contiguous copy per slot (a DMA on CUDA).
+The slot side of a batch is always a ``[n, chunk_words]`` word view in slot layout, and
+copies move with one batched ``index_select`` (store) or ``index_copy_`` (load) per block
+position and layer piece, over all the batch's chunks at once. That view is either
+
+* the slots themselves, when they are evenly spaced rows of one slab on the KV device (the
+  CPU): one pass, no staging (:func:`slab_rows`); or
+* a staging buffer on the KV device, exchanged with each slot by one contiguous copy per
+  slot (a DMA on CUDA): shuffled slots, separate buffers, and always on CUDA.
 
 On CUDA each mover owns a stream: a job first waits for the event recorded on the compute
 stream at submit time, then runs every copy on its stream (slot copies are non-blocking,
