@@ -1,0 +1,165 @@
+"""What a tier below host memory offers the hierarchy, its counters and its workers.
+
+A lower tier (``DiskTier``, ``RedisTier``) holds records (``kvtier.store.record``) by key.
+Its blocking calls (``get``, ``put``, ``remove``) may take milliseconds, so the hierarchy
+calls their ``*_async`` twins, which run on the tier's own small worker pool and return a
+``concurrent.futures.Future``; the engine's scheduler thread never waits on disk or network.
+The pool starts on first use (not in a constructor), and ``close()`` stops it.
+
+``might_hold(key)`` answers from memory only (the disk tier's index; for Redis, whether the
+server is currently believed up), so that ``TieredStore.lookup`` can decide, without I/O,
+whether a fetch is worth starting.
+
+>>> stats = TierStats("disk")
+>>> stats.add(hits=2, bytes_read=4096, reads=1, read_seconds=0.002)
+>>> snap = stats.snapshot(); snap["hits"], snap["read_mb_s"], snap["mean_read_ms"]
+(2, 2.048, 2.0)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from kvtier.keys import ChunkKey
+from kvtier.store.tier import BytesLike
+
+T = TypeVar("T")
+Item = tuple[ChunkKey, BytesLike]
+"""A chunk going down: its key and its payload."""
+Demote = Callable[[ChunkKey, bytes], None]
+"""Called with a chunk a tier evicted (and its payload), to write it one tier down."""
+
+
+@dataclass
+class TierStats:
+    """Counters of one tier; ``add`` is the only place they change (under a lock)."""
+
+    name: str
+    hits: int = 0
+    """Chunks found and verified."""
+    misses: int = 0
+    """Chunks asked for and not held."""
+    corrupt: int = 0
+    """Chunks that failed verification (checksum, length, key or geometry): dropped."""
+    errors: int = 0
+    """Failed calls (I/O errors, connection errors, timeouts)."""
+    promoted: int = 0
+    """Chunks this tier handed up to host memory (a lookup's hit here)."""
+    skipped: int = 0
+    """Calls not attempted because the tier is backing off after errors."""
+    stored: int = 0
+    """Chunks written."""
+    refused: int = 0
+    """Chunks not written (no room, disk full, server down)."""
+    evicted: int = 0
+    """Chunks the tier dropped to make room."""
+    bytes_read: int = 0
+    bytes_written: int = 0
+    reads: int = 0
+    """Calls of ``get`` that reached the medium."""
+    read_seconds: float = 0.0
+    writes: int = 0
+    """Calls of ``put`` that reached the medium."""
+    write_seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: float) -> None:
+        """Add each delta to its counter."""
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every counter, plus mean latencies (ms) and bandwidths (MB/s) derived from them."""
+        with self._lock:
+            out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)
+                                   if not f.name.startswith("_")}
+        out["mean_read_ms"] = _ratio(out["read_seconds"] * 1e3, out["reads"])
+        out["mean_write_ms"] = _ratio(out["write_seconds"] * 1e3, out["writes"])
+        out["read_mb_s"] = _ratio(out["bytes_read"] / 1e6, out["read_seconds"])
+        out["write_mb_s"] = _ratio(out["bytes_written"] / 1e6, out["write_seconds"])
+        return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else 0.0
+
+
+@runtime_checkable
+class LowerTier(Protocol):
+    """A tier below host memory (see the module docstring)."""
+
+    name: str
+    stats: TierStats
+
+    def might_hold(self, key: ChunkKey) -> bool:
+        """Whether a ``get`` of ``key`` could hit; answered from memory, no I/O."""
+        ...
+
+    def get(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, memoryview]:
+        """Blocking: the verified payload of every key held; misses are left out."""
+        ...
+
+    def put(self, items: Sequence[Item]) -> list[ChunkKey]:
+        """Blocking: write ``items``; the keys now held (refused ones are left out)."""
+        ...
+
+    def remove(self, keys: Sequence[ChunkKey]) -> None:
+        """Blocking: drop ``keys`` (absent ones are ignored)."""
+        ...
+
+    def get_async(self, keys: Sequence[ChunkKey]) -> Future[dict[ChunkKey, memoryview]]: ...
+
+    def put_async(self, items: Sequence[Item]) -> Future[list[ChunkKey]]: ...
+
+    def remove_async(self, keys: Sequence[ChunkKey]) -> Future[None]: ...
+
+    def set_demote(self, demote: Demote | None) -> None:
+        """Where this tier's evicted chunks go (write-back to the next tier), or nowhere."""
+        ...
+
+    def check_invariants(self) -> None: ...
+
+    def close(self) -> None:
+        """Finish queued work, stop the workers and release resources."""
+        ...
+
+
+class Workers:
+    """A tier's worker pool, started on first ``submit`` and stopped by ``close``.
+
+    >>> w = Workers("doc", 1)
+    >>> w.submit(sum, [1, 2]).result(), w.started
+    (3, True)
+    >>> w.close(); w.started
+    False
+    """
+
+    def __init__(self, name: str, num_workers: int) -> None:
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"{name}: workers must be an integer >= 1, got {num_workers!r}")
+        self.name, self.num_workers = name, num_workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on a worker."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.num_workers, f"kvtier-{self.name}")
+            return self._pool.submit(fn, *args)
+
+    def close(self) -> None:
+        """Wait for queued work, then stop the threads (a later submit starts new ones)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)

@@ -1,0 +1,69 @@
+"""Helpers of the tier tests: readable keys, deterministic payloads, a clock, a writer
+whose failures a test controls, and a bounded poll."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from kvtier.keys import ChunkKey
+from kvtier.store.disk import write_all
+from kvtier.store.tier import BytesLike
+
+SLOT = 4096
+GEOMETRY = b"testgeo1"
+
+
+def key(name: object) -> ChunkKey:
+    """A 40-byte key named by ``name``."""
+    return ChunkKey(hashlib.blake2b(str(name).encode(), digest_size=40).digest())
+
+
+def payload(name: object, size: int = SLOT) -> bytes:
+    """``size`` bytes that differ per ``name``."""
+    seed = hashlib.blake2b(str(name).encode(), digest_size=64).digest()
+    return (seed * (size // 64 + 1))[:size]
+
+
+def items(names: Sequence[object], size: int = SLOT) -> list[tuple[ChunkKey, bytes]]:
+    return [(key(n), payload(n, size)) for n in names]
+
+
+class Clock:
+    """A monotonic clock a test advances by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ControlledWriter:
+    """A disk-tier writer: writes normally until ``fail_with`` is set, then raises it."""
+
+    def __init__(self) -> None:
+        self.fail_with: OSError | None = None
+
+    def __call__(self, fd: int, buffers: Sequence[BytesLike]) -> None:
+        if self.fail_with is not None:
+            os.write(fd, bytes(memoryview(buffers[0])[:10]))  # a few bytes, then the failure
+            raise self.fail_with
+        write_all(fd, buffers)
+
+    @staticmethod
+    def disk_full() -> OSError:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def poll(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Whether ``condition()`` became true within ``timeout_s`` (a bounded poll)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
