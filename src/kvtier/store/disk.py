@@ -55,7 +55,7 @@ from kvtier.store.lower import Demote, Item, TierStats, Workers
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
 from kvtier.store.record import HEADER_BYTES, RecordError, decode, encode
-from kvtier.store.results import KEY_BYTES, EventKind, StoreEvent, StoreHandle
+from kvtier.store.results import KEY_BYTES, EventKind, StoreEvent, StoreHandle, StoreRefusal
 from kvtier.store.tier import BytesLike
 
 Writer = Callable[[int, Sequence[BytesLike]], None]
@@ -173,8 +173,7 @@ class DiskTier:
                 f"disk tier: a {max(sizes.values())}-byte chunk does not fit "
                 f"slot_bytes={self.slot_bytes}; size the tier for the layout's largest chunk"
             )
-        held, handles = self._write_files(items)
-        written = self._publish(handles)
+        held, written = self._write_files(items)
         self._finish_drops()
         new_bytes = sum(sizes[k] for k in written)
         self.stats.add(
@@ -184,25 +183,36 @@ class DiskTier:
         )
         return held + written
 
-    def _write_files(self, items: Sequence[Item]) -> tuple[list[ChunkKey], list[StoreHandle]]:
-        """(keys already held, handles of the files written and renamed into place)."""
+    def _write_files(self, items: Sequence[Item]) -> tuple[list[ChunkKey], list[ChunkKey]]:
+        """(keys already held, keys written and published). Chunks are published in
+        batches (one directory fsync each); a batch is published early when the index needs
+        its slots to be evictable to make room."""
         held: list[ChunkKey] = []
-        written: list[StoreHandle] = []
+        written: list[ChunkKey] = []
+        batch: list[StoreHandle] = []
         for k, payload in items:
             handle = self._index.prepare_store([k])
+            if isinstance(handle, StoreRefusal) and handle.retryable and batch:
+                written += self._publish(batch)
+                batch = []
+                handle = self._index.prepare_store([k])
             if not isinstance(handle, StoreHandle):
                 continue
             if not handle.keys:
                 self._index.complete_store(handle, ok=True)
                 held.append(k)
-                continue
-            try:
-                self._write_file(k, payload)
-                written.append(handle)
-            except OSError:
-                self._index.complete_store(handle, ok=False)
-                self.stats.add(errors=1)
-        return held, written
+            elif self._try_write(handle, payload):
+                batch.append(handle)
+        return held, written + self._publish(batch)
+
+    def _try_write(self, handle: StoreHandle, payload: BytesLike) -> bool:
+        try:
+            self._write_file(handle.keys[0], payload)
+        except OSError:
+            self._index.complete_store(handle, ok=False)
+            self.stats.add(errors=1)
+            return False
+        return True
 
     def _write_file(self, key: ChunkKey, payload: BytesLike) -> None:
         final = self._file(key)

@@ -1,0 +1,56 @@
+"""A second OS process for the tier tests (run as a script, not collected).
+
+    tier_child.py disk-stall <path>          store chunk "whole", then write the header and
+                                             half the payload of chunk "torn", print "ready"
+                                             and block until killed
+    tier_child.py redis-put <url> <names..>  store the named chunks, print "done"
+    tier_child.py redis-get <url> <names..>  print the names found, as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from tier_helpers import GEOMETRY, SLOT, items, key, payload
+
+from kvtier.store.disk import DiskTier, write_all
+from kvtier.store.remote import RedisTier
+from kvtier.store.tier import BytesLike
+
+
+def stall_halfway(fd: int, buffers: Sequence[BytesLike]) -> None:
+    """Write the header and half the payload, tell the parent, then block forever."""
+    head, body = (memoryview(b).cast("B") for b in buffers)  # type: ignore[arg-type]
+    write_all(fd, [head, body[: body.nbytes // 2]])
+    os.fsync(fd)
+    print("ready", flush=True)
+    sys.stdin.read()  # the parent kills us while we wait here
+
+
+def disk_stall(path: str) -> None:
+    tier = DiskTier(path, 64 * SLOT, SLOT, geometry=GEOMETRY)
+    tier.put(items(["whole"]))
+    tier.close()
+    stalling = DiskTier(path, 64 * SLOT, SLOT, geometry=GEOMETRY, writer=stall_halfway)
+    stalling.put([(key("torn"), payload("torn"))])
+
+
+def main(argv: list[str]) -> None:
+    command, target, *names = argv
+    if command == "disk-stall":
+        disk_stall(target)
+    elif command == "redis-put":
+        RedisTier(target, geometry=GEOMETRY).put(items(names))
+        print("done", flush=True)
+    elif command == "redis-get":
+        found = RedisTier(target, geometry=GEOMETRY).get([key(n) for n in names])
+        print(json.dumps([n for n in names if key(n) in found]), flush=True)
+    else:
+        raise SystemExit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
