@@ -1,0 +1,238 @@
+"""Replay a trace through kvtier's real planner and store, one request after another.
+
+For each request, in trace order (``replay``):
+
+1. read where its referenced chunks are (``MetadataTiers.locate``): the block hit, by
+   prefix semantics over every group's required chunks (``block_hit``);
+2. the planner's lookup decides the hit (whole chunks, at most ``prompt - 1`` tokens, by
+   ``kvtier.coverage``); a hit is accepted and its load completed at once;
+3. chunks the request references that are cached but not loaded are held (pinned, so its
+   own stores cannot evict them) and refreshed in the request's order, interleaved with
+   the planner's stores of the absent ones: every chunk of the request is used once, in
+   its order, as in an engine that re-offers its whole prompt;
+4. the planner stores the rest (``coverage.store_set`` of the stored scope) and finishes.
+
+So with ``lru`` a hit refreshes, a new chunk enters as most recent, both in the request's
+order, and the result equals a plain LRU simulation of the trace's blocks (tested).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+from kvtier import coverage
+from kvtier.layout import Layout
+from kvtier.planner import Outcome, Planner, RequestLimits, TransferJob
+from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
+from kvtier.replay.refs import (
+    RequestRefs,
+    StoreScope,
+    all_refs,
+    replay_namespace,
+    token_stream,
+)
+from kvtier.replay.stats import GroupCounts, ReplayStats
+from kvtier.replay.tiers import DISK, HOST, MetadataTiers
+from kvtier.replay.timing import TimingModel
+from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """How to replay: the layout, the stored scope, the time model."""
+
+    layout: Layout
+    block_tokens: int = BLOCK_TOKENS
+    """Tokens per trace block (512 in Mooncake's traces)."""
+    scope: StoreScope = "blocks"
+    """What a request stores (``kvtier.replay.refs.StoreScope``)."""
+    timing: TimingModel = field(default_factory=TimingModel)
+
+
+class Workload:
+    """A trace with every request's references computed once, shared by every replay."""
+
+    def __init__(
+        self, requests: Sequence[TraceRequest], config: ReplayConfig,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.requests, self.config = list(requests), config
+        self.refs: list[RequestRefs] = list(
+            all_refs(config.layout, self.requests, config.block_tokens, config.scope, progress))
+
+    def future(self) -> list[object]:
+        """Every reference in replay order: Belady's future."""
+        return [k for r in self.refs for k in r.keys]
+
+    def num_distinct_chunks(self) -> int:
+        return len({k for r in self.refs for k in r.keys})
+
+
+def make_store(workload: Workload, policy: str, host_slots: int, disk_slots: int = 0
+               ) -> MetadataTiers:
+    """The tiers for one replay; ``infinite`` gets a slot for every distinct chunk."""
+    if policy == INFINITE:
+        host_slots, disk_slots = max(1, workload.num_distinct_chunks()), 0
+    future = workload.future() if policy == "belady" else ()
+    return MetadataTiers(host_slots, policy=build_policy(policy, host_slots, future),
+                         disk_slots=disk_slots)
+
+
+def replay(
+    workload: Workload, policy: str, host_slots: int, disk_slots: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> ReplayStats:
+    """Replay ``workload`` sequentially with ``policy`` over the given tier slots."""
+    started = time.perf_counter()
+    store = make_store(workload, policy, host_slots, disk_slots)
+    driver = _Driver(workload.config, store, policy)
+    for i, (req, refs) in enumerate(zip(workload.requests, workload.refs, strict=True)):
+        driver.run(f"r{i}", req, refs)
+        if progress is not None:
+            progress(1)
+    driver.stats.wall_s = time.perf_counter() - started
+    return driver.stats
+
+
+class _Driver:
+    """One planner over one store, fed a request at a time."""
+
+    def __init__(self, config: ReplayConfig, store: MetadataTiers, policy: str) -> None:
+        self.config, self.layout, self.store = config, config.layout, store
+        self.planner = Planner(config.layout, store, replay_namespace(config.layout))
+        slots = {HOST: store.num_slots}
+        if store.disk is not None:
+            slots[DISK] = store.disk.num_slots
+        self.stats = ReplayStats(policy, slots, [GroupCounts.of(g) for g in config.layout.groups])
+        self.belady = store.policy if isinstance(store.policy, ReplayBelady) else None
+
+    def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
+        if self.belady is not None:
+            self.belady.begin(refs.keys)
+        where = self.store.locate(refs.keys)
+        reach = block_hit(self.layout, refs, where)
+        self._count_refs(req, refs, reach)
+        stream = token_stream(req.hash_ids, self.config.block_tokens)
+        # No boundary past ``reach`` can hit: the planner need not try them.
+        limits = RequestLimits(max_load_tokens=reach)
+        self.planner.add_request(rid, stream[: refs.num_prompt], limits=limits)
+        loaded = self._hit(rid, req)
+        held = [k for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
+        hold = self.store.hold(held) if held else None
+        if refs.store_tokens > refs.num_prompt:
+            self.planner.append_tokens(rid, stream[refs.num_prompt : refs.store_tokens])
+        self._store_in_order(rid, refs, where, loaded)
+        if hold is not None:
+            self.store.complete_load(hold)
+        self.planner.finish(rid)
+        if self.belady is not None:
+            self.belady.end(refs.keys)
+
+    def _count_refs(self, req: TraceRequest, refs: RequestRefs, reach: int) -> None:
+        s = self.stats
+        s.requests += 1
+        s.prompt_tokens += req.input_length
+        s.block_refs += len(req.hash_ids)
+        s.block_hits += reach // self.config.block_tokens
+        for gi, group in enumerate(self.layout.groups):
+            dense = (refs.store_tokens - group.lookahead) // group.tokens_per_chunk
+            s.groups[gi].dense += max(0, dense)
+        for gi in refs.groups:
+            s.groups[gi].offered += 1
+
+    def _hit(self, rid: str, req: TraceRequest) -> set[object]:
+        """Look up, accept and complete the hit; the keys it loaded."""
+        self.store.promoted.clear()
+        found = self.planner.lookup(rid, 0)
+        timing = self.config.timing
+        if found.outcome is not Outcome.HIT:
+            cold = timing.ttft_s(req.input_length, 0, {})
+            self.stats.ttft_cold_s += cold
+            self.stats.ttft_s += cold
+            return set()
+        job = self.planner.accept_hit(rid, _table(self.layout, found.hit_tokens))
+        self.planner.complete_load(job.id, True)
+        by_tier = self._count_load(job, found.hit_tokens)
+        self.stats.ttft_cold_s += timing.ttft_s(req.input_length, 0, {})
+        self.stats.ttft_s += timing.ttft_s(req.input_length, found.hit_tokens, by_tier)
+        return {c.key for c in job.copies}
+
+    def _count_load(self, job: TransferJob, hit_tokens: int) -> dict[str, int]:
+        s, groups = self.stats, self.layout.groups
+        s.hit_requests += 1
+        s.hit_tokens += hit_tokens
+        by_tier: dict[str, int] = {HOST: 0, DISK: 0}
+        counts = {HOST: 0, DISK: 0}
+        for c in job.copies:
+            tier = DISK if c.key in self.store.promoted else HOST
+            counts[tier] += 1
+            by_tier[tier] += groups[c.group].bytes_per_chunk or 0
+            s.groups[c.group].loaded += 1
+        for tier in (HOST, DISK):
+            if counts[tier]:
+                s.add_load(tier, counts[tier], by_tier[tier])
+        return by_tier
+
+    def _store_in_order(
+        self, rid: str, refs: RequestRefs, where: list[str], loaded: set[object]
+    ) -> None:
+        """Store absent chunks and refresh cached ones, alternating in the request's order."""
+        horizon = 0
+        refresh: list = []
+        for key, w, h in zip(refs.keys, where, refs.horizons, strict=True):
+            if not w:
+                if refresh:
+                    self.store.refresh(refresh)
+                    refresh = []
+                horizon = h
+            elif key not in loaded:
+                if horizon:
+                    self._store(rid, horizon)
+                    horizon = 0
+                refresh.append(key)
+        if refresh:
+            self.store.refresh(refresh)
+        self._store(rid, refs.store_tokens)
+
+    def _store(self, rid: str, horizon: int) -> None:
+        refusals = self.planner.metrics.store_refusals
+        job = self.planner.on_computed(rid, horizon, _table(self.layout, horizon))
+        self.stats.store_refusals += self.planner.metrics.store_refusals - refusals
+        if job is None:
+            return
+        self.planner.complete_store(job.id, True)
+        for c in job.copies:
+            self.stats.groups[c.group].stored += 1
+
+
+def _table(layout: Layout, num_tokens: int) -> list[range]:
+    """A block table holding every block of ``num_tokens`` tokens (metadata: any ids)."""
+    return [range(-(-num_tokens // g.tokens_per_block)) for g in layout.groups]
+
+
+def block_hit(layout: Layout, refs: RequestRefs, where: list[str]) -> int:
+    """The largest boundary, up to the stored scope, at which every group's required
+    chunks are cached (anywhere): the request's block hit in tokens, prefix semantics."""
+    present: list[list[int]] = [[] for _ in layout.groups]
+    for gi, c, w in zip(refs.groups, refs.chunks, where, strict=True):
+        flags = present[gi]
+        if len(flags) <= c:
+            flags.extend([0] * (c + 1 - len(flags)))
+        flags[c] = 1 if w else 0
+    sums = [[0, *accumulate(f)] for f in present]
+    for b in reversed(coverage.admissible_boundaries(layout, refs.store_tokens)):
+        if all(_all_present(sums[gi], coverage.required(g, b))
+               for gi, g in enumerate(layout.groups)):
+            return b
+    return 0
+
+
+def _all_present(prefix: list[int], chunks: range) -> bool:
+    if not chunks:
+        return True
+    if chunks.stop >= len(prefix):
+        return False
+    return prefix[chunks.stop] - prefix[chunks.start] == len(chunks)

@@ -1,0 +1,110 @@
+"""What a replay counts, and the metrics derived from the counts.
+
+Definitions (docs/replay.md):
+
+* ``block_hit_rate``: trace block references found, over all block references. A request
+  finds the blocks before the largest boundary (up to the end of its last named block, no
+  ``prompt - 1`` cap) at which every group's required chunks are in the store when it
+  arrives: for one full-attention group of 512-token chunks, the longest present run of
+  its leading blocks (prefix semantics; each ``hash_ids`` entry is one chunk).
+* ``token_hit_rate``: prompt tokens the planner restored (whole chunks, at most the prompt
+  length minus one, every group's chunks present), over all prompt tokens.
+* chunks and bytes per group: ``offered`` (kvtier's store sets: what a producer offers),
+  ``dense`` (every whole chunk: what an offloader without the coverage contract offers),
+  ``stored`` (new writes, after the store skipped chunks it holds) and ``loaded``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.layout import Group
+
+
+@dataclass
+class GroupCounts:
+    """Chunk counts of one group (bytes follow from the group's chunk size)."""
+
+    name: str
+    kind: str
+    bytes_per_chunk: int | None
+    offered: int = 0
+    dense: int = 0
+    stored: int = 0
+    loaded: int = 0
+
+    @classmethod
+    def of(cls, group: Group) -> GroupCounts:
+        return cls(group.label, group.kind, group.bytes_per_chunk)
+
+    def as_dict(self) -> dict[str, Any]:
+        per = self.bytes_per_chunk
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        for what in ("offered", "dense", "stored", "loaded"):
+            n = getattr(self, what)
+            out[f"{what}_chunks"] = n
+            out[f"{what}_bytes"] = None if per is None else n * per
+        return out
+
+
+@dataclass
+class ReplayStats:
+    """Totals of one replay (one policy, one set of capacities)."""
+
+    policy: str
+    slots: dict[str, int]
+    """Slots per tier (``host``, and ``disk`` when modelled)."""
+    groups: list[GroupCounts]
+    requests: int = 0
+    block_refs: int = 0
+    block_hits: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    hit_requests: int = 0
+    chunks_loaded_by_tier: dict[str, int] = field(default_factory=dict)
+    bytes_loaded_by_tier: dict[str, int] = field(default_factory=dict)
+    store_refusals: int = 0
+    waits: int = 0
+    ttft_cold_s: float = 0.0
+    """Sum over requests of the modelled TTFT without the cache."""
+    ttft_s: float = 0.0
+    """Sum over requests of the modelled TTFT with the cache."""
+    wall_s: float = 0.0
+
+    @property
+    def block_hit_rate(self) -> float:
+        return self.block_hits / self.block_refs if self.block_refs else 0.0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def add_load(self, tier: str, chunks: int, nbytes: int) -> None:
+        self.chunks_loaded_by_tier[tier] = self.chunks_loaded_by_tier.get(tier, 0) + chunks
+        self.bytes_loaded_by_tier[tier] = self.bytes_loaded_by_tier.get(tier, 0) + nbytes
+
+    def as_dict(self) -> dict[str, Any]:
+        n = max(1, self.requests)
+        return {
+            "policy": self.policy,
+            "slots": dict(self.slots),
+            "requests": self.requests,
+            "block_refs": self.block_refs,
+            "block_hits": self.block_hits,
+            "block_hit_rate": self.block_hit_rate,
+            "prompt_tokens": self.prompt_tokens,
+            "hit_tokens": self.hit_tokens,
+            "token_hit_rate": self.token_hit_rate,
+            "prefill_tokens_saved": self.hit_tokens,
+            "hit_requests": self.hit_requests,
+            "chunks_loaded_by_tier": dict(self.chunks_loaded_by_tier),
+            "bytes_loaded_by_tier": dict(self.bytes_loaded_by_tier),
+            "store_refusals": self.store_refusals,
+            "waits": self.waits,
+            "mean_ttft_cold_s": self.ttft_cold_s / n,
+            "mean_ttft_s": self.ttft_s / n,
+            "mean_ttft_saved_s": (self.ttft_cold_s - self.ttft_s) / n,
+            "groups": [g.as_dict() for g in self.groups],
+            "wall_s": self.wall_s,
+        }

@@ -1,0 +1,91 @@
+"""The time model behind the replay's time-to-first-token estimate.
+
+A deliberately simple, documented model (docs/replay.md), every parameter settable with
+``--timing key=value,...``:
+
+* prefill computes ``prefill_tokens_per_s`` prompt tokens per second (linear: attention's
+  quadratic term is folded into the rate, so set the rate for your typical prompt length);
+* a hit's chunks are read at ``host_gb_per_s`` from host memory and ``disk_gb_per_s`` from
+  disk, each read costing ``load_latency_ms`` once per request and tier it touches; loads
+  happen before the remaining prefill (no layer-wise overlap: a conservative estimate);
+* a request's first token then takes ``first_token_ms`` (one decode step), and every
+  further token ``1000 / decode_tokens_per_s`` ms (used by ``--concurrent`` only).
+
+Time to first token of a request without the cache is ``prefill(L) + first_token``; with a
+hit of ``h`` tokens it is ``load(bytes) + prefill(L - h) + first_token``. The saving is the
+difference.
+
+>>> m = TimingModel(prefill_tokens_per_s=10_000, host_gb_per_s=20, load_latency_ms=0)
+>>> round(m.prefill_s(20_000), 3), round(m.load_s({"host": 2 * 10**9}), 3)
+(2.0, 0.1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class TimingModel:
+    """Parameters of the TTFT model (module docstring)."""
+
+    prefill_tokens_per_s: float = 10_000.0
+    """Prompt tokens one engine prefills per second."""
+    host_gb_per_s: float = 25.0
+    """Host memory to accelerator bandwidth, GB/s (10**9 bytes)."""
+    disk_gb_per_s: float = 5.0
+    """Disk to accelerator bandwidth, GB/s."""
+    load_latency_ms: float = 0.2
+    """Fixed cost of a load from one tier, per request, milliseconds."""
+    first_token_ms: float = 20.0
+    """One decode step: the first token after prefill, milliseconds."""
+    decode_tokens_per_s: float = 50.0
+    """Tokens per second one request decodes after its first (``--concurrent``)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"timing: {f.name} must be a number >= 0, got {value!r}")
+        for name in ("prefill_tokens_per_s", "host_gb_per_s", "disk_gb_per_s",
+                     "decode_tokens_per_s"):
+            if getattr(self, name) == 0:
+                raise ValueError(f"timing: {name} must be > 0")
+
+    @classmethod
+    def parse(cls, text: str) -> TimingModel:
+        """``"prefill_tokens_per_s=8000,host_gb_per_s=50"``; unknown keys are rejected."""
+        known = {f.name for f in fields(cls)}
+        values: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, eq, raw = part.partition("=")
+            if not eq or name.strip() not in known:
+                raise ValueError(f"timing: {part!r} is not key=value with a key among "
+                                 f"{sorted(known)}")
+            try:
+                values[name.strip()] = float(raw)
+            except ValueError:
+                raise ValueError(f"timing: {name.strip()} must be a number, got {raw!r}") from None
+        return cls(**values)
+
+    def prefill_s(self, tokens: int) -> float:
+        return tokens / self.prefill_tokens_per_s
+
+    def load_s(self, bytes_by_tier: Mapping[str, int]) -> float:
+        """Seconds to read a hit's chunks: bandwidth plus a fixed latency per tier used."""
+        rate = {"host": self.host_gb_per_s, "disk": self.disk_gb_per_s}
+        total = 0.0
+        for tier, nbytes in bytes_by_tier.items():
+            if nbytes:
+                total += nbytes / (rate[tier] * 1e9) + self.load_latency_ms / 1000
+        return total
+
+    def ttft_s(self, prompt: int, hit: int, bytes_by_tier: Mapping[str, int]) -> float:
+        """Time to first token of a ``prompt``-token request with a ``hit``-token hit."""
+        return self.load_s(bytes_by_tier) + self.prefill_s(prompt - hit) + (
+            self.first_token_ms / 1000)
+
+    def decode_s(self, output_tokens: int) -> float:
+        """Seconds of decoding after the first token."""
+        return max(0, output_tokens - 1) / self.decode_tokens_per_s
