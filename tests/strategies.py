@@ -20,7 +20,8 @@ def groups(draw: st.DrawFn, *, allow_lookahead: bool = True) -> Group:
         kw["chunk"] = draw(st.integers(1, 96))
     if kind != "state" and allow_lookahead:
         kw["lookahead"] = draw(st.sampled_from([0, 0, 0, 1, 2, 3]))
-    return Group(kind, tpb, bpc, **kw)  # type: ignore[arg-type]
+    tail = "recomputed" if kw.get("lookahead") and draw(st.booleans()) else "stored"
+    return Group(kind, tpb, bpc, draft_tail=tail, **kw)  # type: ignore[arg-type]
 
 
 @st.composite

@@ -106,3 +106,26 @@ def test_bad_boundary_and_horizon():
         coverage.store_delta(layout, 0, 64, 32)
     assert list(coverage.admissible_boundaries(layout, 0)) == []
     assert list(coverage.admissible_boundaries(layout, 100, num_prompt_tokens=1)) == []
+
+
+def test_recomputed_draft_tail_serves_the_whole_prompt_minus_one():
+    """The seed: full + window 32 (E = 3) + MTP modules 1, 2 on 16-token chunks, 65 tokens.
+
+    A stored draft tail caps the hit at 48 (module 2's chunk 3 is keyed through token 65,
+    which a 65-token consumer does not know). A recomputed tail hits at 64: the target
+    groups restore to 64, both draft groups to 48, and the engine recomputes draft
+    positions 48..63 from the target hidden states it stored with the boundary.
+    """
+    from dataclasses import replace
+
+    base = Layout((Group("full", 16), Group("sliding_window", 16, window=32)))
+    stored = with_mtp(base, 4, num_modules=2)
+    assert list(coverage.admissible_boundaries(stored, 65, 65)) == [16, 32, 48]
+    groups = tuple(replace(g, draft_tail="recomputed") if g.lookahead else g
+                   for g in stored.groups)
+    layout = stored.with_groups(groups)
+    assert list(coverage.admissible_boundaries(layout, 65, 65)) == [16, 32, 48, 64]
+    mtp1, mtp2 = layout.groups[2:]
+    assert [list(coverage.required(g, 64)) for g in layout.groups] == [
+        [0, 1, 2, 3], [1, 2, 3], [0, 1, 2], [0, 1, 2]]
+    assert coverage.restore_point(mtp2, 64) == coverage.restore_point(mtp1, 64) == 48

@@ -36,8 +36,17 @@ def kept_tokens(g: Group, b: int) -> set[int]:
     return out
 
 
+def oracle_restore_point(g: Group, b: int) -> int:
+    """Where a hit at b restores g up to: b, or for a recomputed draft tail the last chunk
+    end whose key (tokens up to the end plus the lookahead) stays before b."""
+    if g.draft_tail == "stored":
+        return b
+    ends = [e for e in range(0, b + 1, g.tokens_per_chunk) if e + g.lookahead <= b]
+    return max(ends, default=0)
+
+
 def oracle_boundaries(layout: Layout, n: int, prompt: int | None = None) -> list[int]:
-    d = max(g.lookahead for g in layout.groups)
+    d = max((g.lookahead for g in layout.groups if g.draft_tail == "stored"), default=0)
     return [
         b for b in range(1, n + 1)
         if b % layout.hit_granularity == 0 and b + d <= n and (prompt is None or b <= prompt - 1)
@@ -45,7 +54,7 @@ def oracle_boundaries(layout: Layout, n: int, prompt: int | None = None) -> list
 
 
 def oracle_required(g: Group, b: int) -> set[int]:
-    return {p // g.tokens_per_chunk for p in kept_tokens(g, b)}
+    return {p // g.tokens_per_chunk for p in kept_tokens(g, oracle_restore_point(g, b))}
 
 
 def oracle_store(layout: Layout, gi: int, horizon: int) -> set[int]:
@@ -88,7 +97,7 @@ def test_contract_matches_oracle_and_invariants(layout: Layout, horizon: int, da
             # invariant 1: the load never asks for a chunk the lookup did not check
             assert {r.chunk for r in runs} <= set(coverage.required(g, b))
             tpb = g.tokens_per_block
-            want = {p // tpb for p in kept_tokens(g, b) if p >= dev}
+            want = {p // tpb for p in kept_tokens(g, oracle_restore_point(g, b)) if p >= dev}
             assert loaded_blocks(g, runs) == want
 
 
@@ -158,4 +167,21 @@ def test_stored_blocks_cover_every_block_a_hit_loads(layout: Layout, horizon: in
             # and every block it copies is still kept by the engine at the chunk's first
             # boundary, so it is live when the producer stores it
             first = next(b for b in bounds if c in coverage.required(g, b))
-            assert held <= set(coverage.retained_blocks(g, first))
+            assert held <= set(coverage.restored_blocks(g, first))
+
+
+@CASES
+@given(layouts(), st.integers(0, 300))
+def test_a_recomputed_draft_tail_never_needs_a_key_past_the_boundary(
+    layout: Layout, b: int
+) -> None:
+    """Every chunk of a recomputed draft tail that a hit at ``b`` needs is keyed by tokens
+    before ``b`` only; and the engine allocates exactly the blocks it restores."""
+    for g in layout.groups:
+        if g.draft_tail == "recomputed":
+            for c in coverage.required(g, b):
+                assert (c + 1) * g.tokens_per_chunk + g.lookahead <= b
+        assert coverage.restore_point(g, b) == oracle_restore_point(g, b)
+        restored = set(coverage.restored_blocks(g, b))
+        want = {p // g.tokens_per_block for p in kept_tokens(g, oracle_restore_point(g, b))}
+        assert restored == want

@@ -5,8 +5,16 @@ Everything kvtier decides about a request comes from two definitions (DESIGN sec
 * ``retained(group, b)``: the token interval whose KV the engine keeps to compute position
   ``b`` and beyond;
 * the admissible boundaries: positive multiples of the hit granularity ``G`` with
-  ``b + d_max <= num_tokens`` (``d_max`` the largest draft lookahead), and for a consumer
-  also ``b <= num_prompt_tokens - 1``.
+  ``b + d_max <= num_tokens`` (``d_max`` the largest lookahead of a draft group whose tail
+  is stored), and for a consumer also ``b <= num_prompt_tokens - 1``.
+
+A draft group whose tail is *recomputed* restores, at ``b``, only up to its restore point
+``restore_point(group, b)``: the last chunk end ``e`` with ``e + d <= b``, so that every key
+a hit uses covers tokens before ``b`` only. The engine recomputes the draft KV of
+``[restore_point, b)`` from target hidden states stored with the boundary (a ``state``
+group). Example: MTP module 2 (``d = 2``), 16-token chunks, a 65-token prompt: the hit is
+64 and module 2 restores ``[0, 48)`` (chunks 0-2, keyed by tokens ``[0, 50)`` at most);
+with a stored tail the hit would have to be 48, since chunk 3 is keyed by ``[0, 66)``.
 
 ``required``, ``store_set``, ``store_delta`` and ``load_set`` are derived from those two and
 nothing else. No other module computes a window in chunks, a store mask or a load range:
@@ -146,6 +154,29 @@ def retained(group: Group, b: int) -> Span:
     return Span(b - 1, b)
 
 
+def restore_point(group: Group, b: int) -> int:
+    """The token up to which a hit at ``b`` restores ``group``'s KV; the engine computes on.
+
+    ``b`` for every group but a draft group with a recomputed tail, where it is the last
+    chunk end ``e`` with ``e + lookahead <= b``. Example: 16-token chunks, ``b = 64``:
+    48 for lookahead 1 or 2 (chunk 3 ends at 64 and is keyed through token 64 or 65).
+    """
+    if group.draft_tail == "stored" or not group.lookahead:
+        return b
+    t = group.tokens_per_chunk
+    return max(0, (b - group.lookahead) // t * t)
+
+
+def restored(group: Group, b: int) -> Span:
+    """The token interval a hit at ``b`` restores: ``retained(group, restore_point(group, b))``.
+
+    Equal to ``retained(group, b)`` except for draft groups with a recomputed tail, whose
+    engine continues from the restore point. Example: full attention, lookahead 2, recomputed,
+    16-token chunks, ``b = 64``: ``[0, 48)``.
+    """
+    return retained(group, restore_point(group, b))
+
+
 def admissible_boundaries(
     layout: Layout, num_tokens: int, num_prompt_tokens: int | None = None
 ) -> range:
@@ -158,7 +189,7 @@ def admissible_boundaries(
     Example: granularity 16, no draft layers, a 33-token prompt: ``range(16, 33, 16)``,
     that is 16 and 32.
     """
-    top = num_tokens - layout.max_lookahead
+    top = num_tokens - layout.max_stored_lookahead
     if num_prompt_tokens is not None:
         top = min(top, num_prompt_tokens - 1)
     g = layout.hit_granularity
@@ -177,11 +208,11 @@ def _chunks_of_span(group: Group, span: Span) -> range:
 
 
 def required(group: Group, b: int) -> range:
-    """Chunks of ``group`` that intersect ``retained(group, b)``: what a hit at ``b`` needs.
+    """Chunks of ``group`` that intersect ``restored(group, b)``: what a hit at ``b`` needs.
 
     Example: sliding window 32, ``E = 3``, 16-token chunks, ``b = 64``: chunks 1, 2, 3.
     """
-    return _chunks_of_span(group, retained(group, b))
+    return _chunks_of_span(group, restored(group, b))
 
 
 def retained_blocks(group: Group, b: int) -> range:
@@ -195,6 +226,16 @@ def retained_blocks(group: Group, b: int) -> range:
     if span.empty:
         return range(0)
     return range(span.start // t, -(-span.end // t))
+
+
+def restored_blocks(group: Group, b: int) -> range:
+    """Blocks the engine allocates at admission for a hit at ``b``: those of the restore.
+
+    ``retained_blocks(group, restore_point(group, b))``; the engine allocates the blocks of
+    a recomputed draft tail as it computes them. Example: lookahead 2, recomputed, 4-token
+    blocks in 16-token chunks, ``b = 64``: blocks 0..11.
+    """
+    return retained_blocks(group, restore_point(group, b))
 
 
 def store_set(layout: Layout, group_index: int, horizon: int) -> ChunkRanges:
@@ -264,7 +305,7 @@ def load_chunks(group: Group, b: int, on_device: int = 0) -> range:
             f"got {on_device}"
         )
     req = required(group, b)
-    keep = retained_blocks(group, b)
+    keep = restored_blocks(group, b)
     first_block = max(keep.start, on_device // group.tokens_per_block)
     start = max(req.start, first_block // group.blocks_per_chunk)
     return range(start, max(start, req.stop))
@@ -283,7 +324,7 @@ def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:
     Example: sliding window 32, ``E = 3``, 4-token blocks in 16-token chunks, ``b = 64``,
     nothing on device: chunk 1 block 3 only (absolute block 7), then chunks 2 and 3 whole.
     """
-    keep = retained_blocks(group, b)
+    keep = restored_blocks(group, b)
     first_block = max(keep.start, on_device // group.tokens_per_block)
     bpc = group.blocks_per_chunk
     runs = []
@@ -309,8 +350,9 @@ def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:
     group = layout.groups[group_index]
     bpc, g = group.blocks_per_chunk, layout.hit_granularity
     end = (chunk + 1) * group.tokens_per_chunk
-    first_boundary = -(-end // g) * g
-    keep = retained_blocks(group, first_boundary)
+    lag = group.lookahead if group.draft_tail == "recomputed" else 0
+    first_boundary = -(-(end + lag) // g) * g  # the first whose restore point reaches end
+    keep = restored_blocks(group, first_boundary)
     lo = max(keep.start, chunk * bpc)
     hi = (chunk + 1) * bpc
     return BlockRun(chunk, lo - chunk * bpc, max(0, hi - lo))

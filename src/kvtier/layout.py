@@ -18,6 +18,9 @@ from typing import Literal, get_args
 GroupKind = Literal["full", "sliding_window", "chunked_local", "state"]
 GROUP_KINDS: tuple[str, ...] = get_args(GroupKind)
 
+DraftTail = Literal["stored", "recomputed"]
+DRAFT_TAILS: tuple[str, ...] = get_args(DraftTail)
+
 #: Bumped whenever the meaning of stored bytes or keys changes; hashed into every key.
 LAYOUT_VERSION = 1
 
@@ -51,6 +54,11 @@ class Group:
     """Attention chunk ``C`` of chunked local attention, in tokens."""
     lookahead: int = 0
     """Draft lookahead ``d``: KV at position ``i`` depends on token ``i + d``."""
+    draft_tail: DraftTail = "stored"
+    """For a draft group (``lookahead > 0``): ``stored``, a hit at ``b`` restores the draft
+    KV up to ``b`` (so it needs tokens up to ``b + d``); ``recomputed``, a hit restores only
+    the whole chunks keyed by tokens before ``b`` and the engine recomputes the rest from
+    target hidden states it stores with the boundary (``coverage.restore_point``)."""
     bytes_per_token: int | None = None
     """KV bytes per token for attention groups (all layers of the group together)."""
     bytes_per_state: int | None = None
@@ -92,6 +100,12 @@ class Group:
             raise ValueError(f"{where}: chunk is only for kind 'chunked_local'")
         if self.kind == "state" and self.lookahead:
             raise ValueError(f"{where}: a state group cannot have a lookahead")
+        if self.draft_tail not in DRAFT_TAILS:
+            raise ValueError(f"{where}: draft_tail must be one of {list(DRAFT_TAILS)}, "
+                             f"got {self.draft_tail!r}")
+        if self.draft_tail == "recomputed" and not self.lookahead:
+            raise ValueError(f"{where}: draft_tail 'recomputed' is only for draft groups "
+                             "(lookahead > 0)")
 
     @property
     def tokens_per_chunk(self) -> int:
@@ -168,6 +182,12 @@ class Layout:
     def max_lookahead(self) -> int:
         """The largest lookahead ``d`` of any group (0 without draft layers)."""
         return max(g.lookahead for g in self.groups)
+
+    @property
+    def max_stored_lookahead(self) -> int:
+        """The largest lookahead of a group whose draft tail is stored: how far past a
+        boundary a hit's keys reach (0 when every draft tail is recomputed)."""
+        return max((g.lookahead for g in self.groups if g.draft_tail == "stored"), default=0)
 
     @property
     def max_bytes_per_chunk(self) -> int | None:
