@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RedisServer
 from tier_helpers import GEOMETRY, Clock, items, key, payload, poll
 
+from conftest import RedisServer
 from kvtier.store.remote import Backoff, RedisTier
 
 pytestmark = pytest.mark.redis

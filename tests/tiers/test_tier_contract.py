@@ -3,9 +3,9 @@ misses, removal, geometry isolation, persistence across instances, asynchronous 
 
 from __future__ import annotations
 
-from conftest import TierFactory
 from tier_helpers import SLOT, items, key, payload
 
+from conftest import TierFactory
 from kvtier.store.lower import LowerTier
 
 

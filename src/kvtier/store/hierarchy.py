@@ -1,0 +1,354 @@
+"""The hierarchy: host memory above disk above Redis, behind ``ChunkStore``'s own protocol.
+
+``TieredStore`` offers exactly what the Planner calls on a ``ChunkStore`` (``lock``,
+``lookup``, ``prepare_load`` / ``complete_load``, ``prepare_store`` / ``complete_store``,
+``touch``, ``remove``, ``subscribe``, ``check_invariants``), so a Planner drives it
+unchanged. The data plane only ever touches host slots:
+
+* Loads read host slots. ``lookup`` reports a chunk that is absent from host memory but may
+  be below (``LowerTier.might_hold``, answered from memory) as WRITING and starts promoting
+  it: the lower tiers are asked in order, on their own workers, and the first verified copy
+  is stored into a host slot (``prepare_store`` / write / ``complete_store``). The Planner
+  sees WRITING as "soon" and answers WAIT; asked again once the promotion finished, it
+  sees READY and pins a hit. A chunk found nowhere is reported ABSENT for ``miss_ttl_s``
+  (so a miss costs one WAIT, not a wait per lookup). ``lookup`` itself never does I/O.
+  A chunk evicted moments ago, still on its way down, is reported WRITING too, and
+  fetched once it has landed.
+* Stores go to host slots. ``write_policy="write-back"`` (default): a chunk evicted from
+  host memory is written to the next tier (the disk tier likewise hands its evictions to
+  Redis). ``"write-through"``: a chunk is written to every lower tier when its host store
+  completes, and evictions write nothing.
+
+Ordering of write-back: the manager emits EVICTED under its lock, after freeing the slot
+but before ``prepare_store`` returns the handle that reuses it, so the subscriber copies the
+slot's bytes while they are still the victim's; the copies go down in one batch per call
+(``put_async``) once the manager returns. No manager hook is needed.
+
+Counters per tier: ``stats()`` (hits, promotions, bytes, errors, latency). ``flush()``
+waits for background work (promotions, write-backs); tests and shutdown use it.
+
+>>> from kvtier.store.manager import ChunkStore
+>>> from kvtier.store.host import HostSlab
+>>> store = TieredStore(ChunkStore(backend=HostSlab(4, 64, pin_memory=False)))
+>>> store.lookup([ChunkKey(bytes(40))])[0].value
+'absent'
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, wait
+from typing import Any, get_args
+
+from kvtier.config import DiskConfig, RedisConfig, TierConfig, WritePolicy
+from kvtier.keys import ChunkKey
+from kvtier.layout import Layout
+from kvtier.store.disk import DiskTier
+from kvtier.store.lower import Item, LowerTier, TierStats
+from kvtier.store.manager import ChunkStore, checked_keys
+from kvtier.store.record import geometry_of
+from kvtier.store.remote import Backoff, RedisTier
+from kvtier.store.results import (
+    ChunkState,
+    EventKind,
+    LoadHandle,
+    StoreEvent,
+    StoreHandle,
+    StoreRefusal,
+    Subscriber,
+)
+from kvtier.store.tier import SlotBackend
+
+WRITE_POLICIES: tuple[str, ...] = get_args(WritePolicy)
+_log = logging.getLogger(__name__)
+
+
+def _build_disk(
+    cfg: DiskConfig, slot_bytes: int, geometry: bytes, clock: Callable[[], float]
+) -> LowerTier:
+    return DiskTier(cfg.path, cfg.capacity_bytes, slot_bytes, geometry=geometry,
+                    policy=cfg.policy, workers=cfg.workers, fsync=cfg.fsync)
+
+
+def _build_redis(
+    cfg: RedisConfig, slot_bytes: int, geometry: bytes, clock: Callable[[], float]
+) -> LowerTier:
+    backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)
+    return RedisTier(cfg.url, namespace=cfg.namespace, geometry=geometry,
+                     timeout_s=cfg.timeout_s, backoff=backoff, ttl_s=cfg.ttl_s,
+                     workers=cfg.workers, clock=clock)
+
+
+TIER_BUILDERS: dict[str, Callable[[Any, int, bytes, Callable[[], float]], LowerTier]] = {
+    "disk": _build_disk,
+    "redis": _build_redis,
+}
+"""Lower tiers by config section, fastest first: the hierarchy's order."""
+
+
+class TieredStore:
+    """``host`` (a ``ChunkStore`` over a ``HostSlab``) above ``lower`` tiers, fastest first."""
+
+    def __init__(
+        self, host: ChunkStore, lower: Sequence[LowerTier] = (), *,
+        write_policy: WritePolicy = "write-back", miss_ttl_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if host.backend is None:
+            raise ValueError("TieredStore: the host store needs a backend (a HostSlab)")
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
+        if not miss_ttl_s >= 0:
+            raise ValueError(f"miss_ttl_s must be >= 0, got {miss_ttl_s!r}")
+        self.host, self.lower, self.write_policy = host, tuple(lower), write_policy
+        self.backend: SlotBackend = host.backend
+        self.lock = host.lock
+        """The host store's lock: hold it to make lookup and prepare_load atomic."""
+        self.host_stats = TierStats("host")
+        self._miss_ttl_s, self._clock = miss_ttl_s, clock
+        self._fetching: set[ChunkKey] = set()  # being promoted: reported WRITING
+        self._absent_until: dict[ChunkKey, float] = {}  # found nowhere: ABSENT until then
+        self._outbox: list[Item] = []  # chunks to write down once the host call returns
+        self._going_down: Counter[ChunkKey] = Counter()  # evicted, being written down
+        self._pending: set[Future[Any]] = set()
+        host.subscribe(self._on_host_event)
+        if write_policy == "write-back":
+            for upper, below in itertools.pairwise(self.lower):
+                upper.set_demote(self._demoter(below))
+
+    @classmethod
+    def from_config(
+        cls, config: TierConfig, layout: Layout, *, clock: Callable[[], float] = time.monotonic
+    ) -> TieredStore:
+        """The hierarchy ``config`` describes, for chunks of ``layout``."""
+        host = ChunkStore.host(layout, config.host.capacity_bytes, policy=config.host.policy,
+                               pin_memory=config.host.pin_memory)
+        slot_bytes, geometry = host.backend.slot_bytes, geometry_of(layout)  # type: ignore[union-attr]
+        lower = [
+            build(section, slot_bytes, geometry, clock)
+            for name, build in TIER_BUILDERS.items()
+            if (section := getattr(config, name)) is not None
+        ]
+        return cls(host, lower, write_policy=config.write_policy,
+                   miss_ttl_s=config.miss_ttl_s, clock=clock)
+
+    @property
+    def num_slots(self) -> int:
+        return self.host.num_slots
+
+    def __len__(self) -> int:
+        return len(self.host)
+
+    # ---- lookup and promotion ----------------------------------------------------------
+
+    def lookup(self, keys: Iterable[ChunkKey]) -> list[ChunkState]:
+        """Host states, with chunks that may be below reported WRITING while promoted."""
+        ks = checked_keys(keys)
+        with self.lock:
+            states = self.host.lookup(ks)
+            if not self.lower or ChunkState.ABSENT not in states:
+                return states
+            fetch = []
+            now = self._clock()
+            for i, (k, s) in enumerate(zip(ks, states, strict=True)):
+                if s is ChunkState.ABSENT and self._worth_fetching(k, now):
+                    states[i] = ChunkState.WRITING
+                    if k not in self._fetching and k not in self._going_down:
+                        fetch.append(k)
+            if fetch:
+                self._fetching.update(fetch)
+                self._fetch_from(0, fetch, {})
+            return states
+
+    def _worth_fetching(self, key: ChunkKey, now: float) -> bool:
+        if key in self._fetching or key in self._going_down:
+            return True
+        if self._absent_until.get(key, now) > now:
+            return False
+        return any(t.might_hold(key) for t in self.lower)
+
+    def _fetch_from(self, level: int, keys: list[ChunkKey], found: dict[ChunkKey, Any]) -> None:
+        """Ask ``lower[level]`` for ``keys`` (on its workers), then the next tier or install."""
+        tier = self.lower[level]
+        want = [k for k in keys if tier.might_hold(k)]
+        if not want:
+            self._after_fetch(level, keys, found)
+            return
+        self._track(tier.get_async(want), lambda f: self._fetched(level, keys, found, f))
+
+    def _fetched(self, level: int, keys: list[ChunkKey], found: dict[ChunkKey, Any],
+                 future: Future[dict[ChunkKey, memoryview]]) -> None:
+        got = {} if future.exception() else future.result()
+        found.update((k, (level, v)) for k, v in got.items())
+        self._after_fetch(level, keys, found)
+
+    def _after_fetch(self, level: int, keys: list[ChunkKey], found: dict[ChunkKey, Any]) -> None:
+        rest = [k for k in keys if k not in found]
+        if rest and level + 1 < len(self.lower):
+            self._fetch_from(level + 1, rest, found)
+        else:
+            self._install(list(found) + rest, found)
+
+    def _install(self, keys: list[ChunkKey], found: dict[ChunkKey, tuple[int, memoryview]]) -> None:
+        """Store the found chunks into host slots; remember the rest as absent."""
+        installed: set[ChunkKey] = set()
+        try:
+            handle = self.host.prepare_store(list(found)) if found else None
+            if isinstance(handle, StoreHandle):
+                for k, slot in zip(handle.keys, handle.slots, strict=True):
+                    self.backend.write(slot, found[k][1])
+                    self.lower[found[k][0]].stats.add(promoted=1)
+                self.host.complete_store(handle, ok=True)
+                installed.update(handle.keys, handle.skipped)
+            self._send_down()
+        finally:
+            with self.lock:
+                self._fetching.difference_update(keys)
+                until = self._clock() + self._miss_ttl_s
+                self._absent_until.update((k, until) for k in keys if k not in installed)
+                self._prune_absent()
+
+    def _prune_absent(self) -> None:
+        if len(self._absent_until) > 65536:
+            now = self._clock()
+            self._absent_until = {k: t for k, t in self._absent_until.items() if t > now}
+
+    # ---- the paired protocol, on host memory -------------------------------------------
+
+    def prepare_load(self, keys: Iterable[ChunkKey]) -> LoadHandle:
+        """Pin host-resident ``keys`` (see ``ChunkStore.prepare_load``)."""
+        handle = self.host.prepare_load(keys)
+        self.host_stats.add(hits=len(handle.keys))
+        return handle
+
+    def complete_load(self, handle: LoadHandle) -> None:
+        self.host.complete_load(handle)
+
+    def touch(self, keys: Iterable[ChunkKey]) -> int:
+        return self.host.touch(keys)
+
+    def prepare_store(self, keys: Iterable[ChunkKey]) -> StoreHandle | StoreRefusal:
+        """Reserve host slots (evictions are written down under write-back)."""
+        try:
+            return self.host.prepare_store(keys)
+        finally:
+            self._send_down()
+
+    def complete_store(self, handle: StoreHandle, ok: bool) -> None:
+        """Publish on the host (and write through to every tier, under write-through)."""
+        try:
+            self.host.complete_store(handle, ok)
+        finally:
+            self._send_down()
+
+    def remove(self, keys: Iterable[ChunkKey]) -> list[ChunkKey]:
+        """Drop ready, unpinned ``keys`` from host memory and from every lower tier."""
+        gone = self.host.remove(keys)
+        with self.lock:
+            for tier in self.lower:
+                if gone:
+                    self._track(tier.remove_async(gone))
+        return gone
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Host-tier events; a promotion shows as STORED."""
+        return self.host.subscribe(callback)
+
+    # ---- writing down ------------------------------------------------------------------
+
+    def _on_host_event(self, event: StoreEvent) -> None:
+        """Host subscriber, under the host lock: copy bytes that must go down now, while the
+        slot still holds them (module docstring)."""
+        due = EventKind.EVICTED if self.write_policy == "write-back" else EventKind.STORED
+        if event.kind is due and self.lower and event.key not in self._fetching:
+            self._outbox.append((event.key, self.backend.read(event.slot)))
+
+    def _send_down(self) -> None:
+        """One batch to the next tier (write-back) or to every tier (write-through)."""
+        with self.lock:
+            items, self._outbox = self._outbox, []
+            if not items:
+                return
+            if self.write_policy == "write-through":
+                for tier in self.lower:
+                    self._track(tier.put_async(items))
+                return
+            keys = [k for k, _ in items]
+            self._going_down.update(keys)
+            self._track(self.lower[0].put_async(items), lambda _: self._landed(keys))
+
+    def _landed(self, keys: list[ChunkKey]) -> None:
+        with self.lock:
+            self._going_down.subtract(keys)
+            self._going_down += Counter()  # drop zero counts
+
+    def _demoter(self, below: LowerTier) -> Callable[[ChunkKey, bytes], None]:
+        def demote(key: ChunkKey, payload: bytes) -> None:
+            with self.lock:
+                self._track(below.put_async([(key, payload)]))
+
+        return demote
+
+    def _track(
+        self, future: Future[Any], then: Callable[[Future[Any]], None] | None = None
+    ) -> None:
+        """Count ``future`` as background work until it and ``then(future)`` are done (so
+        ``flush`` also waits for what ``then`` starts)."""
+        with self.lock:
+            self._pending.add(future)
+        if then is not None:
+            future.add_done_callback(then)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future[Any]) -> None:
+        with self.lock:
+            self._pending.discard(future)
+        if future.exception() is not None:
+            self.host_stats.add(errors=1)
+            _log.error("kvtier tier task failed", exc_info=future.exception())
+
+    # ---- observing, waiting, closing ---------------------------------------------------
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per tier, fastest first: hits, promotions, bytes, errors, latency."""
+        out = {"host": self.host_stats.snapshot()}
+        out.update((t.name, t.stats.snapshot()) for t in self.lower)
+        return out
+
+    def flush(self, timeout_s: float | None = 30.0) -> bool:
+        """Wait until no promotion or write-down is in flight; False on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                pending = list(self._pending)
+            if not pending:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            wait(pending, timeout=left)
+
+    def check_invariants(self) -> None:
+        """The host store's and every tier's invariants, and nothing left unsent."""
+        with self.lock:
+            self.host.check_invariants()
+            if self._outbox:
+                raise AssertionError(f"{len(self._outbox)} chunks copied but not sent down")
+        for tier in self.lower:
+            tier.check_invariants()
+
+    def close(self) -> None:
+        """Wait for background work, then close every lower tier."""
+        self.flush(timeout_s=None)
+        for tier in self.lower:
+            tier.close()
+
+    def __enter__(self) -> TieredStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
