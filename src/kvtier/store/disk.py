@@ -148,18 +148,12 @@ class DiskTier:
         )
         return out
 
-    def _read(self, path: Path) -> bytearray:
+    def _read(self, path: Path) -> bytes:
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
             if size > HEADER_BYTES + self.slot_bytes:
                 raise RecordError(f"{path.name}: {size} bytes is larger than any record here")
-            buf = bytearray(size)
-            view, got = memoryview(buf), 0
-            while got < size and (n := f.readinto(view[got:])):
-                got += n
-        if got != size:
-            raise RecordError(f"{path.name}: file shrank while being read")
-        return buf
+            return f.read()  # a length the header disagrees with fails decode
 
     # ---- writes ------------------------------------------------------------------------
 

@@ -89,6 +89,7 @@ class RedisTier:
         self._workers = Workers(self.name, workers)
         self._client: Any = None
         self._lock = threading.Lock()  # guards the client and the failure count
+        self._scratch = threading.local()
         self._failures = 0
         self._retry_at = float("-inf")
 
@@ -181,16 +182,34 @@ class RedisTier:
         if not items:
             return []
         start = time.perf_counter()
-        records = [(self._name(k), b"".join(encode(k, self.geometry, p))) for k, p in items]
+        records = self._records(items)
         done = self._run(lambda c: _set_many(c, records, self.ttl_s))
         if done is None:
             self.stats.add(refused=len(items))
             return []
         self.stats.add(
-            stored=len(items), bytes_written=sum(len(r) for _, r in records), writes=1,
+            stored=len(items), bytes_written=sum(r.nbytes for _, r in records), writes=1,
             write_seconds=time.perf_counter() - start,
         )
         return [k for k, _ in items]
+
+    def _records(self, items: Sequence[Item]) -> list[tuple[str, memoryview]]:
+        """Each item's record, laid out in this thread's scratch buffer: reused warm memory,
+        because a fresh multi-megabyte buffer per call costs more in page faults than the
+        copy itself. Valid until this thread's next ``put``."""
+        parts = [encode(k, self.geometry, p) for k, p in items]
+        need = sum(len(h) + v.nbytes for h, v in parts)
+        scratch = getattr(self._scratch, "buf", None)
+        if scratch is None or len(scratch) < need:
+            scratch = self._scratch.buf = bytearray(need)
+        view, out, at = memoryview(scratch), [], 0
+        for (k, _), (head, payload) in zip(items, parts, strict=True):
+            end = at + len(head) + payload.nbytes
+            view[at : at + len(head)] = head
+            view[at + len(head) : end] = payload
+            out.append((self._name(k), view[at:end]))
+            at = end
+        return out
 
     def remove(self, keys: Sequence[ChunkKey]) -> None:
         """Delete ``keys`` on the server (best effort: a failed call is only counted)."""
@@ -232,7 +251,7 @@ def _get_many(client: Any, names: Sequence[str]) -> list[bytes | None]:
     return list(pipe.execute())
 
 
-def _set_many(client: Any, records: Sequence[tuple[str, bytes]], ttl_s: int | None) -> bool:
+def _set_many(client: Any, records: Sequence[tuple[str, memoryview]], ttl_s: int | None) -> bool:
     """One round trip: SET each (name, record), expiring after ``ttl_s`` if given."""
     pipe = client.pipeline(transaction=False)
     for name, record in records:

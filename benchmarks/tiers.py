@@ -1,0 +1,271 @@
+"""Tier benchmark: disk and Redis tiers against bare I/O moving the same bytes.
+
+One run measures, on chunks of 2 MiB (16 tokens of an 8B model in bfloat16), in batches
+of 8 chunks (one write-back or promotion batch):
+
+* disk write: ``DiskTier.put`` (record header, crc32, write, fsync, rename, one directory
+  fsync per batch) against plain writes of the same payloads, one file each, with the same
+  flush discipline (fsync each file, fsync the directory once per batch);
+* disk read: ``DiskTier.get`` (read, verify header and crc32) against plain whole-file
+  reads of the same files, a batch of results held at a time by both, from the device
+  (every file's pages are dropped with ``posix_fadvise(DONTNEED)`` first); the same from
+  the page cache is reported too (``warm_read``), without a target: there the figure is
+  memory bandwidth against crc32 speed, not disk;
+* Redis write and read: ``RedisTier.put`` / ``get`` against a bare redis-py pipeline of
+  SET / GET of the same payloads, on a private ``redis-server`` started for the run.
+
+Every figure is a ratio of bandwidths, tier over bare, the best of ``--repeats``
+interleaved runs (the machine is shared and noisy). Targets: disk at least 0.7 of bare,
+Redis at least 0.8. Prints a table, then as its last line one JSON object.
+
+    python benchmarks/tiers.py [--quick] [--redis-url redis://host:port/0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kvtier.keys import ChunkKey
+from kvtier.store.disk import DiskTier
+from kvtier.store.record import HEADER_BYTES
+from kvtier.store.remote import RedisTier
+
+CHUNK = 2 << 20
+BATCH = 8
+TARGETS = {"disk_write_ratio": 0.7, "disk_read_ratio": 0.7,
+           "redis_write_ratio": 0.8, "redis_read_ratio": 0.8}
+
+Item = tuple[ChunkKey, bytes]
+
+
+def make_items(n: int) -> list[Item]:
+    return [(ChunkKey(i.to_bytes(40, "big")), os.urandom(CHUNK)) for i in range(n)]
+
+
+def batches(items: list[Item]) -> Iterator[list[Item]]:
+    for i in range(0, len(items), BATCH):
+        yield items[i : i + BATCH]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def read_batches(get: Callable[[list[ChunkKey]], object], keys: list[ChunkKey]) -> None:
+    """Read ``keys`` a batch at a time, dropping each result as the bare loops do."""
+    for i in range(0, len(keys), BATCH):
+        get(keys[i : i + BATCH])
+
+
+# ---- disk --------------------------------------------------------------------------------
+
+
+def bare_disk_write(root: Path, items: list[Item]) -> None:
+    for batch in batches(items):
+        for k, data in batch:
+            fd = os.open(root / k.hex(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        dfd = os.open(root, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+
+
+def bare_disk_read(root: Path, items: list[Item]) -> None:
+    """Whole-file reads, a batch of results held at a time (as the tier returns them)."""
+    for batch in batches(items):
+        held = []
+        for k, _ in batch:
+            with open(root / k.hex(), "rb", buffering=0) as f:
+                held.append(f.read())
+
+
+def evict_page_cache(root: Path) -> None:
+    """Drop the (clean, fsynced) pages of every file under ``root``: the next read is
+    served by the device."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+
+
+def disk_round(work: Path, items: list[Item], n: int) -> dict[str, float]:
+    """One interleaved round: seconds for bare and tier writes and reads."""
+    bare = work / f"bare-{n}"
+    bare.mkdir()
+    tier = DiskTier(work / f"tier-{n}", 2 * len(items) * (HEADER_BYTES + CHUNK), CHUNK)
+    keys = [k for k, _ in items]
+    try:
+        out = {
+            "bare_write": timed(lambda: bare_disk_write(bare, items)),
+            "tier_write": timed(lambda: [tier.put(b) for b in batches(items)]),
+        }
+        for root in (bare, work / f"tier-{n}"):
+            evict_page_cache(root)
+        out["bare_read"] = timed(lambda: bare_disk_read(bare, items))
+        out["tier_read"] = timed(lambda: read_batches(tier.get, keys))
+        out["bare_warm_read"] = timed(lambda: bare_disk_read(bare, items))  # page cache
+        out["tier_warm_read"] = timed(lambda: read_batches(tier.get, keys))
+        assert tier.stats.hits == 2 * len(items) and tier.stats.corrupt == 0
+        return out
+    finally:
+        tier.close()
+        shutil.rmtree(bare)
+        shutil.rmtree(work / f"tier-{n}")
+
+
+# ---- redis -------------------------------------------------------------------------------
+
+
+@contextmanager
+def redis_server(url: str | None) -> Iterator[str]:
+    """``url``, or a private server on a free loopback port for the run."""
+    if url is not None:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not on PATH; install it or pass --redis-url")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", d],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_for_ping(port)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_for_ping(port: int) -> None:
+    import redis
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if redis.Redis(port=port, socket_timeout=0.2).ping():
+                return
+        except redis.RedisError:
+            time.sleep(0.02)
+    raise SystemExit(f"redis-server on port {port} did not answer PING")
+
+
+def redis_round(url: str, items: list[Item]) -> dict[str, float]:
+    import redis
+
+    bare = redis.Redis.from_url(url, socket_timeout=30)
+    tier = RedisTier(url, namespace="bench-tier", timeout_s=30)
+    names = [f"bench-bare:{k.hex()}" for k, _ in items]
+    keys = [k for k, _ in items]
+
+    def bare_set() -> None:
+        for i in range(0, len(items), BATCH):
+            pipe = bare.pipeline(transaction=False)
+            for name, (_, data) in zip(names[i : i + BATCH], items[i : i + BATCH], strict=True):
+                pipe.set(name, data)
+            pipe.execute()
+
+    def bare_get() -> None:
+        for i in range(0, len(items), BATCH):
+            pipe = bare.pipeline(transaction=False)
+            for name in names[i : i + BATCH]:
+                pipe.get(name)
+            pipe.execute()
+
+    try:
+        out = {
+            "bare_write": timed(bare_set),
+            "tier_write": timed(lambda: [tier.put(b) for b in batches(items)]),
+            "bare_read": timed(bare_get),
+            "tier_read": timed(lambda: read_batches(tier.get, keys)),
+        }
+        assert tier.stats.hits == len(items) and tier.stats.errors == 0
+        bare.flushdb()
+        return out
+    finally:
+        tier.close()
+        bare.close()
+
+
+# ---- report ------------------------------------------------------------------------------
+
+
+def best(rounds: list[dict[str, float]], nbytes: int) -> dict[str, float]:
+    """Best bandwidth (GB/s) of each measurement over the rounds."""
+    return {name: nbytes / min(r[name] for r in rounds) / 1e9 for name in rounds[0]}
+
+
+def figures_of(prefix: str, bw: dict[str, float]) -> dict[str, float]:
+    warm = {}
+    if "tier_warm_read" in bw:
+        warm = {
+            f"{prefix}_warm_read_gbps": round(bw["tier_warm_read"], 3),
+            f"{prefix}_bare_warm_read_gbps": round(bw["bare_warm_read"], 3),
+            f"{prefix}_warm_read_ratio": round(bw["tier_warm_read"] / bw["bare_warm_read"], 3),
+        }
+    return warm | {
+        f"{prefix}_write_gbps": round(bw["tier_write"], 3),
+        f"{prefix}_bare_write_gbps": round(bw["bare_write"], 3),
+        f"{prefix}_write_ratio": round(bw["tier_write"] / bw["bare_write"], 3),
+        f"{prefix}_read_gbps": round(bw["tier_read"], 3),
+        f"{prefix}_bare_read_gbps": round(bw["bare_read"], 3),
+        f"{prefix}_read_ratio": round(bw["tier_read"] / bw["bare_read"], 3),
+    }
+
+
+def print_table(figures: dict[str, Any]) -> None:
+    print(f"{'tier':<7}{'op':<11}{'tier GB/s':>11}{'bare GB/s':>11}{'ratio':>8}{'target':>8}")
+    for tier, op in (("disk", "write"), ("disk", "read"), ("disk", "warm_read"),
+                     ("redis", "write"), ("redis", "read")):
+        target = TARGETS.get(f"{tier}_{op}_ratio")
+        print(f"{tier:<7}{op:<11}{figures[f'{tier}_{op}_gbps']:>11.3f}"
+              f"{figures[f'{tier}_bare_{op}_gbps']:>11.3f}{figures[f'{tier}_{op}_ratio']:>8.2f}"
+              f"{'-' if target is None else f'{target:.2f}':>8}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer chunks and repeats")
+    parser.add_argument("--chunks", type=int, default=48, help="2 MiB chunks per round")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--redis-url", default=None, help="an existing server (default: own)")
+    args = parser.parse_args()
+    n, repeats = (16, 2) if args.quick else (args.chunks, args.repeats)
+    items = make_items(n)
+    nbytes = n * CHUNK
+    with tempfile.TemporaryDirectory() as work:
+        disk = [disk_round(Path(work), items, i) for i in range(repeats)]
+    with redis_server(args.redis_url) as url:
+        remote = [redis_round(url, items) for _ in range(repeats)]
+    figures: dict[str, Any] = {"chunk_bytes": CHUNK, "chunks": n, "batch": BATCH}
+    figures |= figures_of("disk", best(disk, nbytes)) | figures_of("redis", best(remote, nbytes))
+    print_table(figures)
+    met = all(figures[name] >= target for name, target in TARGETS.items())
+    print(json.dumps({"benchmark": "tiers", "figures": figures, "targets": TARGETS, "met": met}))
+
+
+if __name__ == "__main__":
+    main()
