@@ -1,0 +1,1 @@
+"""Adapters that put kvtier inside other serving engines (``kvtier.integrations.vllm``)."""

@@ -1,0 +1,252 @@
+"""``KvtierConnector``: kvtier behind vLLM 0.33's v1 KV-connector interface (with HMA).
+
+This module imports vLLM; ``kvtier.integrations.vllm`` loads it only when vLLM asks for
+the connector class. It is a thin shell: the scheduler half is ``ConnectorScheduler``
+(``vllm_plan``), the worker half ``ConnectorWorker`` (``vllm_worker``), the layout comes
+from ``vllm_layout`` and the options from ``vllm_options``. Methods here only translate
+vLLM's objects into plain data and back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from kvtier.integrations.vllm_config import connector_setup
+from kvtier.integrations.vllm_plan import ConnectorScheduler, StepPlan, StepRequest
+from kvtier.integrations.vllm_worker import ConnectorWorker
+from kvtier.store.results import EventKind
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+
+@dataclass
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    """Scheduler -> workers, once a step: the step's ``StepPlan``."""
+
+    plan: StepPlan
+
+
+@dataclass
+class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
+    """Workers -> scheduler: ``{job_id: (workers that finished it, all succeeded)}``."""
+
+    completed: dict[int, tuple[int, bool]] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, KvtierWorkerMetadata)
+        merged = dict(self.completed)
+        for job_id, (count, ok) in other.completed.items():
+            mine = merged.get(job_id, (0, True))
+            merged[job_id] = (mine[0] + count, mine[1] and ok)
+        return KvtierWorkerMetadata(merged)
+
+
+class KvtierStats(KVConnectorStats):
+    """kvtier's planner counters (hit tokens, chunks and bytes loaded and stored, ...)."""
+
+    def reset(self) -> None:
+        self.data.clear()
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, value in other.data.items():
+            if isinstance(value, (int, float)):
+                self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k: v for k, v in self.data.items() if isinstance(v, (int, float))}
+
+    def is_empty(self) -> bool:
+        return not any(self.reduce().values())
+
+
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
+    """kvtier as a vLLM KV connector; configure it with ``kv_connector_extra_config``."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        setup = connector_setup(vllm_config, kv_cache_config)
+        self.layout, self.options = setup.layout, setup.options
+        self.scheduler: ConnectorScheduler | None = None
+        self.worker: ConnectorWorker | None = None
+        self._requests: dict[str, Request] = {}
+        self._prepared: int | None = None  # id() of the plan before_forward ran for
+        self._completed: dict[int, tuple[int, bool]] = {}
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler = ConnectorScheduler(
+                setup.layout, setup.num_slots, setup.num_workers, policy=setup.options.policy,
+                namespace=setup.namespace, store=setup.options.store,
+                wait_timeout_s=setup.options.wait_timeout_s)
+        else:
+            self.worker = ConnectorWorker(setup.layout, setup.num_slots)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: a store that does not happen is a later miss
+
+    # ---- scheduler half ----------------------------------------------------------------
+
+    def _sched(self) -> ConnectorScheduler:
+        assert self.scheduler is not None, "scheduler-side method called on a worker"
+        return self.scheduler
+
+    def on_new_request(self, request: Request) -> None:
+        salt = request.cache_salt if self.options.tenant_salt == "cache_salt" else None
+        self._sched().add_request(request.request_id, list(request.prompt_token_ids or ()),
+                                  salt=salt)
+        self._requests[request.request_id] = request
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        if request.request_id not in self._requests:
+            self.on_new_request(request)
+        if request.skip_reading_prefix_cache:
+            return 0, False
+        return self._sched().lookup(request.request_id, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
+                                 num_external_tokens: int) -> None:
+        self._sched().after_alloc(request.request_id, blocks.get_block_ids(),
+                                  num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        sched = self._sched()
+        for req_id in scheduler_output.preempted_req_ids or ():
+            sched.preempt(req_id)
+        copies = [c.dst_block_id for c in scheduler_output.kv_cache_block_copies or ()]
+        steps = [self._step_request(scheduler_output, *item)
+                 for item in _scheduled(scheduler_output)]
+        return KvtierConnectorMetadata(sched.step(steps, copies))
+
+    def _step_request(self, out: SchedulerOutput, req_id: str,
+                      block_ids: tuple[list[int], ...] | None, full: bool) -> StepRequest:
+        request = self._requests[req_id]
+        drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
+        horizon = request.num_computed_tokens + out.num_scheduled_tokens[req_id] - drafts
+        return StepRequest(req_id, block_ids, full, horizon, request.all_token_ids)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, KvtierWorkerMetadata) and meta.completed:
+            self._sched().on_reports(meta.completed)
+
+    def request_finished(self, request: Request, block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        """Never delays freeing: stores still reading a freed block are fenced instead."""
+        self._requests.pop(request.request_id, None)
+        self._sched().finish(request.request_id)
+        return False, None
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        for event in self._sched().take_events():
+            if event.kind is EventKind.STORED:
+                yield BlockStored(block_hashes=[event.key], parent_block_hash=None,
+                                  token_ids=[], block_size=self.layout.hit_granularity,
+                                  lora_id=None, medium="CPU", lora_name=None)
+            else:
+                yield BlockRemoved(block_hashes=[event.key], medium="CPU")
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self.scheduler is None:
+            return None
+        return KvtierStats(data=self.scheduler.planner.metrics.as_dict())
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> KVConnectorStats | None:
+        return KvtierStats(data=data or {})
+
+    def reset_cache(self) -> bool | None:
+        self._sched().clear_cache()
+        return True
+
+    # ---- worker half -------------------------------------------------------------------
+
+    def _worker(self) -> ConnectorWorker:
+        assert self.worker is not None, "worker-side method called on the scheduler"
+        return self.worker
+
+    def _plan(self) -> StepPlan:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvtierConnectorMetadata)
+        return meta.plan
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        groups = self._kv_cache_config.kv_cache_groups
+        layers = [[kv_caches[name] for name in g.layer_names] for g in groups]
+        self._worker().register(layers, self._kv_cache_config.num_blocks)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        assert isinstance(kv_connector_metadata, KvtierConnectorMetadata)
+        self._before_forward(kv_connector_metadata.plan)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._before_forward(self._plan())
+
+    def _before_forward(self, plan: StepPlan) -> None:
+        if self._prepared != id(plan):  # vLLM may call both entry points in one step
+            self._prepared = id(plan)
+            self._worker().before_forward(plan)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # loads complete between steps (asynchronous), not per layer
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        return None  # stores start in wait_for_save, once every layer is written
+
+    def wait_for_save(self) -> None:
+        self._worker().after_forward(self._plan())
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        report = self._worker().collect()
+        for job_id, ok in report.completed.items():
+            self._completed[job_id] = (1, ok)
+        return KVConnectorTransferResults(finished_recving=set(report.loaded),
+                                          failed_recving=set(report.failed_loads))
+
+    def build_connector_worker_meta(self) -> KvtierWorkerMetadata | None:
+        if not self._completed:
+            return None
+        meta, self._completed = KvtierWorkerMetadata(self._completed), {}
+        return meta
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.drain()
+            self.worker.close()
+
+
+def _scheduled(out: SchedulerOutput) -> Iterable[tuple[str, Any, bool]]:
+    """(request id, block ids per group or None, whether they are the whole table)."""
+    for new in out.scheduled_new_reqs:
+        yield new.req_id, new.block_ids, True
+    cached = out.scheduled_cached_reqs
+    for req_id, ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
+        yield req_id, ids, req_id in cached.resumed_req_ids

@@ -1,0 +1,165 @@
+"""vLLM's KV-cache groups and speculative-decoding settings, as one kvtier ``Layout``.
+
+This is the one place where vLLM's vocabulary meets kvtier's (DESIGN section 3). It reads
+only plain attributes, so it runs, and is tested, without vLLM installed:
+
+* a group's spec class (by name, along its MRO) picks the group kind: full attention and
+  MLA -> ``full``; sliding window (``extra_retained_tokens`` -> ``E``) -> ``sliding_window``;
+  chunked local -> ``chunked_local``; Mamba in ``align`` cache mode -> ``state``;
+* vLLM's rule for EAGLE/MTP draft groups ("a hit drops the last block, since a draft
+  position's KV depends on the next token") becomes the group's *lookahead* ``d``: the
+  chunk ending at ``e`` is keyed by tokens ``[0, e + d)``, so a consumer whose tokens agree
+  that far may use it, and nothing is dropped. ``d`` is 1 for EAGLE and single-module MTP
+  and the number of MTP modules for multi-module MTP;
+* anything kvtier cannot serve correctly raises ``UnsupportedConfig`` at start-up.
+
+>>> class Spec:  # what vLLM's SlidingWindowSpec looks like from here
+...     block_size, sliding_window, extra_retained_tokens, page_size_bytes = 16, 32, 3, 4096
+>>> Spec.__name__ = "SlidingWindowSpec"
+>>> class Grp:
+...     layer_names, kv_cache_spec, is_eagle_group = ["l0", "l1"], Spec(), False
+>>> g = vllm_layout([Grp()], VllmSpecDecode(), chunk_tokens=64).groups[0]
+>>> g.kind, g.window, g.extra_retained, g.blocks_per_chunk, g.bytes_per_token
+('sliding_window', 32, 3, 4, 512)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.layout import Group, Layout
+
+
+class UnsupportedConfig(ValueError):
+    """A vLLM configuration kvtier refuses to serve, rather than serve wrongly."""
+
+
+@dataclass(frozen=True)
+class VllmSpecDecode:
+    """The speculative-decoding settings that decide draft groups' lookahead.
+
+    ``method`` is vLLM's ``speculative_config.method`` (None without speculative decoding);
+    ``num_modules`` the number of MTP modules in use (``min(num_nextn_predict_layers,
+    num_speculative_tokens)``).
+    """
+
+    method: str | None = None
+    num_speculative_tokens: int = 0
+    num_modules: int = 1
+
+    def draft_lookahead(self) -> int:
+        """Lookahead ``d`` of a draft group: how far past a position its KV reads.
+
+        >>> VllmSpecDecode("eagle", 3).draft_lookahead()
+        1
+        >>> VllmSpecDecode("mtp", 4, 2).draft_lookahead()
+        2
+        """
+        if self.method in ("eagle", "eagle3"):
+            return 1
+        if self.method == "mtp":
+            return max(1, self.num_modules)
+        if self.method in ("dflash", "dspark"):
+            return 0  # draft KV from the target's hidden state alone
+        raise UnsupportedConfig(
+            f"speculative method {self.method!r} marks KV-cache groups as draft groups, but "
+            "kvtier does not know what the draft KV at a position depends on for it; "
+            "supported: eagle, eagle3, mtp, dflash, dspark"
+        )
+
+
+def vllm_layout(
+    groups: Sequence[Any], spec_decode: VllmSpecDecode, *, chunk_tokens: int,
+    model: str = "vllm-model", kv_dtype: str = "auto",
+) -> Layout:
+    """The kvtier layout of vLLM's ``kv_cache_config.kv_cache_groups``, in vLLM's order."""
+    if not groups:
+        raise UnsupportedConfig("the model has no KV-cache groups: nothing for kvtier to store")
+    out = tuple(_group(i, g, spec_decode, chunk_tokens) for i, g in enumerate(groups))
+    return Layout(out, model=model, kv_dtype=kv_dtype)
+
+
+def _group(index: int, group: Any, spec_decode: VllmSpecDecode, chunk_tokens: int) -> Group:
+    spec = group.kv_cache_spec
+    where = f"KV-cache group {index} ({type(spec).__name__})"
+    _check_transferable(group, where)
+    block = int(spec.block_size)
+    if chunk_tokens % block:
+        raise UnsupportedConfig(
+            f"{where}: chunk_tokens {chunk_tokens} is not a multiple of its block size {block}; "
+            "set kv_connector_extra_config.chunk_tokens to a multiple of every group's block size"
+        )
+    kind_fields = _kind_fields(spec, where)
+    lookahead = spec_decode.draft_lookahead() if getattr(group, "is_eagle_group", False) else 0
+    num_layers = max(1, len(group.layer_names))
+    sizes = _sizes(spec, kind_fields["kind"], num_layers, block)
+    return Group(tokens_per_block=block, blocks_per_chunk=chunk_tokens // block,
+                 lookahead=lookahead, num_layers=num_layers, name=f"vllm{index}",
+                 **kind_fields, **sizes)
+
+
+def _check_transferable(group: Any, where: str) -> None:
+    if not getattr(group, "enable_kv_transfer", True):
+        raise UnsupportedConfig(f"{where}: not transferable (enable_kv_transfer=False)")
+    if getattr(group, "host_resident", False):
+        raise UnsupportedConfig(f"{where}: host-resident (HiSparse) groups are not supported")
+
+
+def _full(spec: Any, where: str) -> dict[str, Any]:
+    # A merged spec (hybrid allocator off) keeps every block, so a window only narrows what
+    # the layer reads, never what the allocator retains: full attention is exact here.
+    return {"kind": "full"}
+
+
+def _sliding(spec: Any, where: str) -> dict[str, Any]:
+    if getattr(spec, "bounded_replay", False):
+        raise UnsupportedConfig(
+            f"{where}: bounded-replay sliding windows recompute part of every hit; kvtier's "
+            "coverage contract has no such rule yet"
+        )
+    return {"kind": "sliding_window", "window": int(spec.sliding_window),
+            "extra_retained": int(getattr(spec, "extra_retained_tokens", 0))}
+
+
+def _chunked(spec: Any, where: str) -> dict[str, Any]:
+    return {"kind": "chunked_local", "chunk": int(spec.attention_chunk_size)}
+
+
+def _mamba(spec: Any, where: str) -> dict[str, Any]:
+    mode = getattr(spec, "mamba_cache_mode", None)
+    if mode != "align":
+        raise UnsupportedConfig(
+            f"{where}: Mamba cache mode {mode!r} keeps no state at block boundaries; kvtier "
+            "stores recurrent state only with mamba_cache_mode='align'"
+        )
+    return {"kind": "state"}
+
+
+_KINDS: dict[str, Callable[[Any, str], dict[str, Any]]] = {
+    "SlidingWindowSpec": _sliding,
+    "ChunkedLocalAttentionSpec": _chunked,
+    "MambaSpec": _mamba,
+    "FullAttentionSpec": _full,  # MLAAttentionSpec is a subclass
+}
+"""Spec class name -> kind fields; the first match along the spec's MRO wins."""
+
+
+def _kind_fields(spec: Any, where: str) -> dict[str, Any]:
+    for cls in type(spec).__mro__:
+        if cls.__name__ in _KINDS:
+            return _KINDS[cls.__name__](spec, where)
+    raise UnsupportedConfig(
+        f"{where}: kvtier does not know how vLLM's allocator retains blocks of this spec "
+        f"type; supported: {sorted(_KINDS)} (and their subclasses, e.g. MLAAttentionSpec)"
+    )
+
+
+def _sizes(spec: Any, kind: str, num_layers: int, block: int) -> dict[str, Any]:
+    page = int(spec.page_size_bytes)
+    if kind == "state":
+        return {"bytes_per_state": page * num_layers}
+    if page % block:
+        raise UnsupportedConfig(f"page size {page} bytes is not a whole number of bytes per token")
+    return {"bytes_per_token": page // block * num_layers}

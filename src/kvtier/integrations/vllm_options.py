@@ -1,0 +1,82 @@
+"""The options of kvtier's vLLM connector, read from ``kv_connector_extra_config``.
+
+One typed, frozen record; unknown keys are refused with the list of known ones, so a typo
+never silently falls back to a default.
+
+>>> opts = KvtierOptions.from_extra_config({"host_bytes": 1 << 30, "chunk_tokens": 256})
+>>> opts.host_bytes, opts.chunk_tokens, opts.policy, opts.store
+(1073741824, 256, 'lru', 'all')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from kvtier.store.policies import ONLINE_POLICIES
+
+StoreWhat = Literal["all", "prompt"]
+SaltSource = Literal["cache_salt", "none"]
+
+
+@dataclass(frozen=True)
+class KvtierOptions:
+    """Everything a user sets in ``kv_connector_extra_config`` (see docs/vllm.md)."""
+
+    host_bytes: int = 1 << 30
+    """Capacity of the host-memory tier, in bytes, on each worker."""
+    tiers: tuple[str, ...] = ("host",)
+    """Tiers, fastest first. Only ``host`` is served through vLLM for now."""
+    policy: str = "lru"
+    """Eviction policy: one of kvtier's online policies (``lru``, ``arc``, ``s3fifo``)."""
+    chunk_tokens: int = 256
+    """Tokens per stored chunk; a multiple of every KV-cache group's block size."""
+    store: StoreWhat = "all"
+    """``all``: store the prompt and the answer; ``prompt``: the prompt only."""
+    tenant_salt: SaltSource = "cache_salt"
+    """Where a request's tenant salt comes from: vLLM's per-request ``cache_salt``, or
+    ``none`` (every request shares one namespace)."""
+    model_revision: str = ""
+    """Model revision hashed into every key (weights that change must not share KV)."""
+    wait_timeout_s: float = 0.05
+    """How long a lookup waits for chunks still being written before taking what is ready."""
+
+    def __post_init__(self) -> None:
+        _positive_int("host_bytes", self.host_bytes)
+        _positive_int("chunk_tokens", self.chunk_tokens)
+        if tuple(self.tiers) != ("host",):
+            raise ValueError(
+                f"kvtier vLLM connector: tiers {list(self.tiers)!r} are not supported yet; "
+                "use [\"host\"] (disk and remote tiers are served through kvtier's own engine)"
+            )
+        if self.policy not in ONLINE_POLICIES:
+            known = sorted(ONLINE_POLICIES)
+            raise ValueError(f"policy must be one of {known}, got {self.policy!r}")
+        if self.store not in ("all", "prompt"):
+            raise ValueError(f"store must be 'all' or 'prompt', got {self.store!r}")
+        if self.tenant_salt not in ("cache_salt", "none"):
+            raise ValueError(
+                f"tenant_salt must be 'cache_salt' or 'none', got {self.tenant_salt!r}")
+        if not isinstance(self.wait_timeout_s, (int, float)) or self.wait_timeout_s < 0:
+            raise ValueError(f"wait_timeout_s must be >= 0, got {self.wait_timeout_s!r}")
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KvtierOptions:
+        """Options from vLLM's ``kv_connector_extra_config``; unknown keys are an error."""
+        extra = dict(extra or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ValueError(
+                f"kvtier vLLM connector: unknown option(s) {unknown} in "
+                f"kv_connector_extra_config; known options: {sorted(known)}"
+            )
+        if "tiers" in extra:
+            extra["tiers"] = tuple(extra["tiers"])
+        return cls(**extra)
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,272 @@
+"""The scheduler half of the vLLM connector, in plain data (no vLLM import).
+
+vLLM's scheduler calls the connector at fixed points of a step; each maps to one planner
+call, and nothing here decides which chunks (that is ``kvtier.coverage``, via the planner):
+
+====================================  ==================================================
+vLLM                                  kvtier
+====================================  ==================================================
+``get_num_new_matched_tokens``        ``Planner.lookup``: hit, miss, or wait (None)
+``update_state_after_alloc``          ``Planner.accept_hit`` with the allocated blocks
+``build_connector_meta``              ``Planner.on_computed`` for this step's tokens,
+                                      ``Planner.fence`` for reallocated blocks, and
+                                      ``decline_hit`` for hits vLLM did not allocate
+``update_connector_output``           ``complete_load`` / ``complete_store`` once every
+                                      worker reported a job
+``request_finished``                  ``Planner.finish``
+====================================  ==================================================
+
+Why stores are planned in the step that computes their tokens: the worker runs them right
+after that step's forward, before vLLM can free a sliding-window block they read (vLLM frees
+at the next step's scheduling). A freed block that is reallocated is fenced: the worker
+waits for the stores still reading it before anything writes it.
+
+>>> from kvtier.layout import Group, Layout
+>>> sched = ConnectorScheduler(Layout((Group("full", 4, 2, bytes_per_token=8),)), 8, 1)
+>>> sched.add_request("a", list(range(20)))
+>>> sched.lookup("a", 0)
+(0, False)
+>>> plan = sched.step([StepRequest("a", ([1, 2, 3, 4, 5],), True, 20, list(range(20)))])
+>>> [(c.chunk, c.block_ids) for c in plan.stores[0].copies]
+[(0, (1, 2)), (1, (3, 4))]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kvtier import coverage
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.layout import Layout
+from kvtier.planner import Outcome, Planner, RequestLimits, TransferJob
+from kvtier.store.manager import ChunkStore
+from kvtier.store.results import EventKind, StoreEvent
+
+BlockIds = Sequence[int]
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One request's part of a vLLM step, as the connector sees it.
+
+    ``block_ids`` per group are vLLM's ids (0 is vLLM's null block); ``full_table`` says
+    they replace the request's table (new and resumed requests) rather than extend it.
+    ``horizon`` is how many tokens have KV once this step's forward ran, and ``tokens``
+    every token id known (prompt and verified output).
+    """
+
+    request_id: str
+    block_ids: tuple[BlockIds, ...] | None
+    full_table: bool
+    horizon: int
+    tokens: Sequence[int]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the workers do this step: loads before the forward, stores after it, and the
+    store jobs to finish before any block is overwritten."""
+
+    loads: tuple[TransferJob, ...] = ()
+    stores: tuple[TransferJob, ...] = ()
+    flush: tuple[int, ...] = ()
+
+
+@dataclass
+class _Request:
+    tables: list[list[int | None]]
+    num_tokens: int = 0
+    prior_horizon: int = 0
+
+
+@dataclass
+class _Job:
+    job: TransferJob
+    pending_workers: int
+    ok: bool = True
+
+
+@dataclass
+class JobReport:
+    """A finished job as the workers saw it: ``ok`` only if every worker succeeded."""
+
+    request_id: str
+    direction: str
+    ok: bool
+
+
+class ConnectorScheduler:
+    """Per-step planning for vLLM over one ``Planner`` and a metadata-only ``ChunkStore``.
+
+    ``num_slots`` must equal the slots of each worker's host slab; ``num_workers`` is how
+    many workers must report a job before it counts as done.
+    """
+
+    def __init__(
+        self, layout: Layout, num_slots: int, num_workers: int, *, policy: str = "lru",
+        namespace: Namespace | None = None, store: str = "all", wait_timeout_s: float = 0.05,
+    ) -> None:
+        self.layout = layout
+        self.store = ChunkStore(num_slots, policy=policy)
+        self.planner = Planner(layout, self.store, namespace or Namespace(layout.model),
+                               wait_timeout_s=wait_timeout_s)
+        self.num_workers = num_workers
+        self._limits = RequestLimits(store="prompt" if store == "prompt" else "all")
+        self._requests: dict[str, _Request] = {}
+        self._jobs: dict[int, _Job] = {}
+        self._loads: list[TransferJob] = []
+        self._fresh: set[int] = set()
+        self._unaccepted: set[str] = set()
+        self._ready: set[ChunkKey] = set()
+        self.events: list[StoreEvent] = []
+        self.store.subscribe(self._on_event)
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: Sequence[int], salt: str | None = None) -> None:
+        """A new request: its prompt is hashed once, here."""
+        self.planner.add_request(request_id, prompt, salt=salt, limits=self._limits)
+        empty: list[list[int | None]] = [[] for _ in self.layout.groups]
+        self._requests[request_id] = _Request(empty, len(prompt))
+
+    def lookup(self, request_id: str, num_computed: int) -> tuple[int | None, bool]:
+        """vLLM's ``(num_external_tokens, load_async)``; ``None`` asks vLLM to wait."""
+        found = self.planner.lookup(request_id, num_computed)
+        if found.outcome is Outcome.WAIT:
+            return None, False
+        if found.outcome is Outcome.MISS:
+            return 0, False
+        self._unaccepted.add(request_id)
+        return found.hit_tokens - num_computed, True
+
+    def after_alloc(
+        self, request_id: str, block_ids: Sequence[BlockIds], num_external: int
+    ) -> None:
+        """vLLM allocated blocks; for a hit, plan its load into them."""
+        self._fresh.update(b for ids in block_ids for b in ids if b)
+        if num_external == 0:
+            return
+        self._unaccepted.discard(request_id)
+        table = [[b or None for b in ids] for ids in block_ids]
+        job = self.planner.accept_hit(request_id, table)
+        self._loads.append(job)
+        self._jobs[job.id] = _Job(job, self.num_workers)
+
+    def finish(self, request_id: str) -> None:
+        """The request finished or was aborted; its stores in flight stay fenced."""
+        if self._requests.pop(request_id, None) is not None:
+            self._unaccepted.discard(request_id)
+            self.planner.finish(request_id)
+
+    def preempt(self, request_id: str) -> None:
+        req = self._requests.get(request_id)
+        if req is not None:
+            self.planner.preempt(request_id)
+            req.tables, req.prior_horizon = [[] for _ in self.layout.groups], 0
+
+    # ---- steps -------------------------------------------------------------------------
+
+    def step(
+        self, requests: Iterable[StepRequest], reallocated: Iterable[int] = ()
+    ) -> StepPlan:
+        """Plan one step: ``requests`` scheduled in it, ``reallocated`` other block ids
+        vLLM (re)wrote this step (e.g. copy destinations)."""
+        self._fresh.update(b for b in reallocated if b)
+        steps = list(requests)
+        for s in steps:
+            self._update_table(s)
+        self._forget_reallocated()
+        # Fence before planning this step's stores: those run after the forward, and read
+        # the blocks this step writes.
+        flush = sorted({j for g in range(len(self.layout.groups))
+                        for j in self.planner.fence(g, self._fresh)})
+        stores = [job for s in steps if (job := self._store(s)) is not None]
+        for request_id in self._unaccepted:
+            self.planner.decline_hit(request_id)
+        plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush))
+        self._loads, self._fresh, self._unaccepted = [], set(), set()
+        return plan
+
+    def _update_table(self, s: StepRequest) -> None:
+        req = self._requests[s.request_id]
+        if s.block_ids is None:
+            return
+        for gi, ids in enumerate(s.block_ids):
+            new = [b or None for b in ids]
+            self._fresh.update(b for b in ids if b)
+            if s.full_table:
+                req.tables[gi] = new
+            else:
+                req.tables[gi].extend(new)
+
+    def _forget_reallocated(self) -> None:
+        """Blocks vLLM freed and handed out again no longer hold a request's KV. Only the
+        blocks a later store may still read are checked: from ``retained_blocks`` at the
+        last planned horizon on (retained spans only move right)."""
+        if not self._fresh:
+            return
+        for req in self._requests.values():
+            for gi, group in enumerate(self.layout.groups):
+                if group.kind == "full":
+                    continue  # vLLM frees a full group's blocks only with the request
+                table = req.tables[gi]
+                start = coverage.retained_blocks(group, req.prior_horizon).start
+                for i in range(start, len(table)):
+                    if table[i] in self._fresh:
+                        table[i] = None
+
+    def _store(self, s: StepRequest) -> TransferJob | None:
+        req = self._requests[s.request_id]
+        if len(s.tokens) > req.num_tokens:
+            self.planner.append_tokens(s.request_id, s.tokens[req.num_tokens :])
+            req.num_tokens = len(s.tokens)
+        horizon = min(s.horizon, req.num_tokens)
+        if horizon <= req.prior_horizon:
+            return None
+        req.prior_horizon = horizon
+        job = self.planner.on_computed(s.request_id, horizon, req.tables)
+        if job is not None:
+            self._jobs[job.id] = _Job(job, self.num_workers)
+        return job
+
+    # ---- worker reports ----------------------------------------------------------------
+
+    def on_reports(self, done: dict[int, tuple[int, bool]]) -> list[JobReport]:
+        """Fold in ``{job_id: (workers_reporting, all_ok)}`` from one step's outputs;
+        returns the jobs every worker has now finished."""
+        finished = []
+        for job_id, (count, ok) in done.items():
+            entry = self._jobs.get(job_id)
+            if entry is None:
+                continue  # cancelled by reset
+            entry.pending_workers -= count
+            entry.ok = entry.ok and ok
+            if entry.pending_workers <= 0:
+                finished.append(self._complete(self._jobs.pop(job_id)))
+        return finished
+
+    def _complete(self, entry: _Job) -> JobReport:
+        job = entry.job
+        if job.direction == "load":
+            self.planner.complete_load(job.id, entry.ok)
+        else:
+            self.planner.complete_store(job.id, entry.ok)
+        return JobReport(job.request_id, job.direction, entry.ok)
+
+    # ---- cache-wide --------------------------------------------------------------------
+
+    def _on_event(self, event: StoreEvent) -> None:
+        self.events.append(event)
+        if event.kind is EventKind.STORED:
+            self._ready.add(event.key)
+        else:
+            self._ready.discard(event.key)
+
+    def take_events(self) -> list[StoreEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def clear_cache(self) -> int:
+        """Drop every stored chunk no load is reading; returns how many were dropped."""
+        return len(self.store.remove(list(self._ready)))

@@ -1,0 +1,154 @@
+"""The worker half of the vLLM connector, in plain data (no vLLM import).
+
+Each vLLM worker holds its own host slab with the same number of slots as the scheduler's
+store, and one ``TransferEngine`` over its KV tensors. Per step, in vLLM's order:
+
+1. ``before_forward(plan)`` (vLLM's ``handle_preemptions``, which runs before vLLM zeroes
+   or copies any block): wait for the earlier store jobs in ``plan.flush``, then start this
+   step's loads;
+2. ``after_forward(plan)`` (``wait_for_save``): start this step's stores, which read the
+   KV the forward just wrote;
+3. ``collect()`` (``get_finished``): the jobs finished since the last call.
+
+>>> import torch
+>>> from kvtier.layout import Group, Layout
+>>> layout = Layout((Group("full", 4, 2, bytes_per_token=16),))
+>>> worker = ConnectorWorker(layout, num_slots=4)
+>>> worker.register([[torch.zeros(8, 2, 4, 1, 2)]], num_blocks=8)
+>>> worker.slab.num_slots, worker.slab.slot_bytes
+(4, 128)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from kvtier.integrations.vllm_plan import StepPlan
+from kvtier.layout import Layout
+from kvtier.planner import TransferJob
+from kvtier.store.host import HostSlab
+from kvtier.transfer import ChunkCopy, FaultHook, GroupKV, JobResult, TransferEngine
+
+
+@dataclass
+class WorkerReport:
+    """Jobs this worker finished since the last ``collect``."""
+
+    completed: dict[int, bool] = field(default_factory=dict)
+    """kvtier job id -> this worker's copy succeeded."""
+    loaded: set[str] = field(default_factory=set)
+    """Requests whose load finished (ok or not)."""
+    failed_loads: set[str] = field(default_factory=set)
+    """Requests whose load failed: vLLM must recompute them."""
+
+
+class ConnectorWorker:
+    """Moves one worker's share of the planned jobs (see the module docstring).
+
+    ``fault`` (tests) is called with each copy before its bytes move; raising fails the job.
+    """
+
+    def __init__(self, layout: Layout, num_slots: int, *, fault: FaultHook | None = None,
+                 pin_memory: bool | None = None) -> None:
+        slot_bytes = layout.max_bytes_per_chunk
+        if slot_bytes is None:
+            raise ValueError("the layout gives no chunk sizes")
+        self.layout = layout
+        self.slab = HostSlab(num_slots, slot_bytes, pin_memory=pin_memory)
+        self.fault = fault
+        self.engine: TransferEngine | None = None
+        self._running: dict[int, TransferJob] = {}  # engine job id -> kvtier job
+        self._by_kv_id: dict[int, int] = {}  # kvtier job id -> engine job id
+        self._report = WorkerReport()
+
+    def register(self, layers_by_group: Sequence[Sequence[torch.Tensor]], num_blocks: int) -> None:
+        """The KV tensors of every group, in layout order, each with ``num_blocks`` blocks
+        on axis 0 (``[num_blocks, 2, ...]``) or 1 (``[2, num_blocks, ...]``)."""
+        kv = [GroupKV(tuple(layers), block_axis=_block_axis(layers, num_blocks))
+              for layers in layers_by_group]
+        engine = TransferEngine(self.layout, kv, fault=self.fault)
+        if engine.slot_bytes > self.slab.slot_bytes:
+            raise ValueError(
+                f"a chunk of the registered KV is {engine.slot_bytes} bytes but the layout "
+                f"says {self.slab.slot_bytes}: vLLM's page sizes and its tensors disagree"
+            )
+        self.engine = engine
+
+    def before_forward(self, plan: StepPlan) -> None:
+        engine = self._engine()
+        for job_id in plan.flush:
+            engine_id = self._by_kv_id.get(job_id)
+            if engine_id is not None and engine_id in self._running:
+                self._finish(engine.wait(engine_id))
+        for job in plan.loads:
+            self._submit(job)
+
+    def after_forward(self, plan: StepPlan) -> None:
+        for job in plan.stores:
+            self._submit(job)
+
+    def collect(self) -> WorkerReport:
+        """Jobs finished since the last call (without waiting)."""
+        for result in self._engine().poll():
+            self._finish(result)
+        report, self._report = self._report, WorkerReport()
+        return report
+
+    def wait_all(self) -> None:
+        """Wait for every job in flight; the next ``collect`` reports them (tests, shutdown)."""
+        engine = self._engine()
+        for engine_id in list(self._running):
+            self._finish(engine.wait(engine_id))
+
+    def drain(self) -> WorkerReport:
+        """``wait_all``, then ``collect``."""
+        self.wait_all()
+        return self.collect()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _engine(self) -> TransferEngine:
+        if self.engine is None:
+            raise RuntimeError("register the KV caches before any transfer")
+        return self.engine
+
+    def _submit(self, job: TransferJob) -> None:
+        engine = self._engine()
+        copies = [ChunkCopy(c.group, self.slab.view(c.slot), c.block_ids, c.first_block)
+                  for c in job.copies]
+        submit = engine.submit_load if job.direction == "load" else engine.submit_store
+        engine_id = submit(copies)
+        self._running[engine_id] = job
+        self._by_kv_id[job.id] = engine_id
+
+    def _finish(self, result: JobResult) -> None:
+        job = self._running.pop(result.job_id)
+        del self._by_kv_id[job.id]
+        report = self._report
+        report.completed[job.id] = result.ok
+        if job.direction == "load":
+            report.loaded.add(job.request_id)
+            if not result.ok:
+                report.failed_loads.add(job.request_id)
+
+
+def _block_axis(layers: Sequence[torch.Tensor], num_blocks: int) -> Literal[0, 1]:
+    """0 for ``[num_blocks, ...]`` tensors, 1 for ``[2, num_blocks, ...]``.
+
+    >>> _block_axis([torch.zeros(2, 10, 4)], 10), _block_axis([torch.zeros(10, 2, 4)], 10)
+    (1, 0)
+    """
+    shape = tuple(layers[0].shape)
+    if shape[0] == num_blocks:
+        return 0
+    if len(shape) > 1 and shape[0] == 2 and shape[1] == num_blocks:
+        return 1
+    raise ValueError(f"cannot find the block axis ({num_blocks} blocks) in KV shape {shape}")
