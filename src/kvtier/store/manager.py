@@ -124,6 +124,8 @@ class ChunkStore:
         ks = checked_keys(keys)
         slots, writing, pins = self._slots, self._writing, self._pins
         with self.lock:
+            if not writing and not pins:  # nothing in flight: every key is absent or ready
+                return [_READY if k in slots else _ABSENT for k in ks]
             return [
                 _ABSENT if k not in slots else
                 _WRITING if k in writing else _PINNED if k in pins else _READY
@@ -202,8 +204,12 @@ class ChunkStore:
             ks = list(dict.fromkeys(ks))
         with self.lock:
             slots = self._slots
-            new = [k for k in ks if k not in slots]
-            skipped = tuple([k for k in ks if k in slots]) if len(new) < len(ks) else ()
+            skipped: tuple[ChunkKey, ...] = ()
+            if slots.keys().isdisjoint(ks):  # the common case, checked at C speed
+                new = ks
+            else:
+                new = [k for k in ks if k not in slots]
+                skipped = tuple([k for k in ks if k in slots])
             if len(new) > self._alloc.num_free:
                 refusal = self._make_room(len(new), skipped)
                 if refusal is not None:
@@ -292,7 +298,11 @@ class ChunkStore:
         self.policy.on_access(keys)
 
     def _unpin(self, keys: tuple[ChunkKey, ...]) -> None:
+        """One pin less per key of a load handle that ``_take`` just retired."""
         pins = self._pins
+        if not self._loads:  # it was the only live load: every pin left was its own
+            pins.clear()
+            return
         for k in keys:
             left = pins[k] - 1
             if left:

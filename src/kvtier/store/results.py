@@ -23,12 +23,12 @@ def checked_keys(keys: Iterable[ChunkKey]) -> list[ChunkKey]:
     if isinstance(keys, (bytes, bytearray, str)):
         raise ValueError("pass a list of ChunkKeys, not a single key or string")
     out = keys if type(keys) is list else list(keys)
-    if out and (set(map(type, out)) != {bytes} or set(map(len, out)) != {KEY_BYTES}):
-        bad = next(k for k in out if type(k) is not bytes or len(k) != KEY_BYTES)
-        raise ValueError(
-            f"a chunk key must be {KEY_BYTES} bytes (a ChunkKey from KeyChain.key), "
-            f"got {type(bad).__name__} {bad!r:.60}"
-        )
+    for k in out:  # a plain loop: faster than set(map(type, ...)) and set(map(len, ...))
+        if type(k) is not bytes or len(k) != KEY_BYTES:
+            raise ValueError(
+                f"a chunk key must be {KEY_BYTES} bytes (a ChunkKey from KeyChain.key), "
+                f"got {type(k).__name__} {k!r:.60}"
+            )
     return out
 
 

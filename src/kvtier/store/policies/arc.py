@@ -46,31 +46,39 @@ class ARC(Policy):
         self._b1, self._b2 = KeyQueue(), KeyQueue()
 
     def on_insert(self, keys: Keys) -> None:
-        for k in keys:
-            self._insert(k)
-
-    def _insert(self, key: Hashable) -> None:
-        b1, b2 = self._b1, self._b2
-        if key in b1:
-            self.p = min(float(self.capacity), self.p + max(len(b2) / len(b1), 1.0))
-            b1.remove(key)
-            self._t2.push((key,))
-        elif key in b2:
-            self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
-            b2.remove(key)
-            self._t2.push((key,))
-        else:
-            self._trim_ghosts()
-            self._t1.push((key,))
-
-    def _trim_ghosts(self) -> None:
-        """Keep ``|T1| + |B1| <= c`` and ``|T1| + |T2| + |B1| + |B2| <= 2c`` after an insert."""
+        # One key at a time, as in the paper, with list sizes kept in local counts. T1 and T2
+        # are only counted here (ghost trims read their sizes, never their order), so the
+        # keys bound for them are pushed together at the end, in the same order.
         c = self.capacity
-        if len(self._t1) + len(self._b1) >= c:
-            if self._b1:
-                self._b1.pop_oldest()
-        elif len(self) + len(self._b1) + len(self._b2) >= 2 * c and self._b2:
-            self._b2.pop_oldest()
+        b1, b2 = self._b1, self._b2
+        n_t1, n_t2, n_b1, n_b2 = len(self._t1), len(self._t2), len(b1), len(b2)
+        to_t1, to_t2 = [], []
+        for key in keys:
+            if n_b1 and key in b1:
+                self.p = min(float(c), self.p + max(n_b2 / n_b1, 1.0))
+                b1.remove(key)
+                n_b1 -= 1
+                to_t2.append(key)
+                n_t2 += 1
+            elif n_b2 and key in b2:
+                self.p = max(0.0, self.p - max(n_b1 / n_b2, 1.0))
+                b2.remove(key)
+                n_b2 -= 1
+                to_t2.append(key)
+                n_t2 += 1
+            else:
+                # keep |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c after the insert
+                if n_t1 + n_b1 >= c:
+                    if n_b1:
+                        b1.pop_oldest()
+                        n_b1 -= 1
+                elif n_t1 + n_t2 + n_b1 + n_b2 >= 2 * c and n_b2:
+                    b2.pop_oldest()
+                    n_b2 -= 1
+                to_t1.append(key)
+                n_t1 += 1
+        self._t1.push(to_t1)
+        self._t2.push(to_t2)
 
     def on_access(self, keys: Keys) -> None:
         # keys in T1 move to T2's new end; keys in T2 move to its new end, in access order

@@ -84,7 +84,7 @@ class Policy(ABC):
         if self.num_unprotected(protected) < n:
             return None
         chosen = self._select(n, protected)
-        assert len(chosen) == n and not any(k in protected for k in chosen), chosen
+        assert len(chosen) == n and not any(map(protected.__contains__, chosen)), chosen
         return chosen
 
     def num_unprotected(self, protected: Collection[Hashable]) -> int:
@@ -99,4 +99,4 @@ class Policy(ABC):
 
 def count_in(protected: Collection[Hashable], queue: Collection[Hashable] | Policy) -> int:
     """How many protected keys are in ``queue``."""
-    return sum(1 for k in protected if k in queue)
+    return sum(map(queue.__contains__, protected)) if protected else 0

@@ -9,8 +9,11 @@ How: ``_order`` is a deque of keys, oldest on the left; moving a key to the new 
 it again and leaves its older entry behind, stale. ``_state[k]`` packs three fields into a
 small int: ``entries * 8 + live * 4 + value``, where ``entries`` counts ``k``'s entries in
 the deque. Popping the oldest skips entries that are stale (``entries > 1``: a newer one
-exists) or dead (removed). The deque is compacted when stale entries reach a quarter of
-the live keys (amortised O(1) per operation).
+exists) or dead (removed). The deque is compacted when its stale and dead entries
+outnumber the live keys (amortised O(1) per operation: a compaction costs O(entries) and
+follows at least as many moves). Eviction drops stale entries from the old end as it goes,
+so a queue that also evicts rarely needs one; a compaction also rebuilds ``_state`` at its
+right size.
 
 >>> q = KeyQueue()
 >>> q.push(["a", "b", "c"]); q.move_to_end(["a"]); q.remove("b")
@@ -138,6 +141,21 @@ class KeyQueue:
                 self._live -= 1
                 return k, st & VALUE
 
+    def drop_oldest(self, n: int) -> None:
+        """Forget the ``n`` oldest live keys (a ghost list trimmed to its capacity)."""
+        assert n <= self._live, f"drop_oldest({n}) with {self._live} live keys"
+        order, state = self._order, self._state
+        while n:
+            k = order.popleft()
+            st = state[k]
+            if st >= 2 * ENTRY:  # a newer entry of k exists further on
+                state[k] = st - ENTRY
+                continue
+            del state[k]
+            if st & LIVE:
+                self._live -= 1
+                n -= 1
+
     def pop_unprotected(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
         """Pop the ``n`` oldest live keys not in ``protected`` (the queue has them);
         protected keys met on the way move to the new end with their values."""
@@ -162,7 +180,7 @@ class KeyQueue:
         return chosen
 
     def _maybe_compact(self) -> None:
-        if len(self._order) > self._live + (self._live >> 2) + 64:
+        if len(self._order) > 2 * self._live + 64:
             self._compact()
 
     def _compact(self) -> None:

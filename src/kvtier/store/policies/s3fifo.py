@@ -77,35 +77,42 @@ class S3FIFO(Policy):
 
     def _select(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
         # protected keys never move between queues here, so their counts per queue are fixed
-        in_small, in_main = count_in(protected, self._small), count_in(protected, self._main)
-        return [self._evict_one(protected, in_small, in_main) for _ in range(n)]
-
-    def _evict_one(self, protected: Collection[Hashable], in_small: int, in_main: int) -> Hashable:
-        while True:
-            small_free = len(self._small) > in_small
-            main_free = len(self._main) > in_main
-            if small_free and (len(self._small) >= self._small_target or not main_free):
-                key = self._evict_small(protected, len(self._small) - in_small)
+        small, main = self._small, self._main
+        in_small, in_main = count_in(protected, small), count_in(protected, main)
+        chosen: list[Hashable] = []
+        from_small: list[Hashable] = []
+        while len(chosen) < n:
+            small_free = len(small) - in_small
+            if small_free and (len(small) >= self._small_target or len(main) == in_main):
+                key = self._evict_small(protected, small_free)
                 if key is not None:
-                    return key
+                    chosen.append(key)
+                    from_small.append(key)
             else:
-                return self._evict_main(protected)
+                chosen.append(self._evict_main(protected))
+        self._remember(from_small)
+        return chosen
+
+    def _remember(self, evicted: list[Hashable]) -> None:
+        """Keys evicted from S enter the ghost, the oldest dropped past its capacity. Once
+        per ``_select``, to the same end: the ghost is not read while victims are chosen."""
+        ghost = self._ghost
+        ghost.push(evicted)
+        if len(ghost) > self._ghost_capacity:
+            ghost.drop_oldest(len(ghost) - self._ghost_capacity)
 
     def _evict_small(self, protected: Collection[Hashable], unprotected: int) -> Hashable | None:
         """Scan S from its oldest key: promote accessed keys, evict the first unaccessed one."""
-        small = self._small
+        small, main, move_at = self._small, self._main, self._move_at
         while unprotected:
             key, freq = small.pop_oldest()
             if key in protected:
                 small.push((key,), freq)
                 continue
             unprotected -= 1
-            if freq >= self._move_at:
-                self._main.push((key,))
+            if freq >= move_at:
+                main.push((key,))
                 continue
-            self._ghost.push((key,))
-            if len(self._ghost) > self._ghost_capacity:
-                self._ghost.pop_oldest()
             return key
         return None
 
