@@ -222,3 +222,17 @@ def test_bad_calls():
     h.planner.lookup("c")
     with pytest.raises(ValueError, match="no block allocated"):
         h.planner.accept_hit("c", [[], []])
+
+
+def test_planner_drives_any_store_of_the_protocol(tmp_path):
+    from kvtier.config import DiskConfig, HostConfig, TierConfig
+    from kvtier.store import ChunkStore
+    from kvtier.store.hierarchy import TieredStore
+    from kvtier.store.protocol import StoreProtocol
+
+    layout = Layout((Group("full", 16, bytes_per_token=4),))
+    assert isinstance(ChunkStore(4), StoreProtocol)
+    cfg = TierConfig(host=HostConfig(capacity="4KiB"),
+                     disk=DiskConfig(path=str(tmp_path), capacity="1MiB"))
+    with TieredStore.from_config(cfg, layout) as tiered:
+        assert isinstance(tiered, StoreProtocol)

@@ -45,14 +45,14 @@ from kvtier.planner.types import (
     RequestLimits,
     TransferJob,
 )
-from kvtier.store.manager import ChunkStore
+from kvtier.store.protocol import StoreProtocol
 from kvtier.store.results import LoadHandle, StoreHandle, StoreRefusal
 
 BlockTable = Sequence[Sequence[int | None]]
 
 
 class Planner:
-    """Engine-agnostic request planning over one ``ChunkStore`` (see module docstring).
+    """Engine-agnostic request planning over a store (a ``ChunkStore`` or ``TieredStore``).
 
     ``clock`` is injected (seconds, monotonic); ``wait_timeout_s`` bounds how long a lookup
     answers WAIT before taking the largest hit that is ready. One lock guards all state:
@@ -62,7 +62,7 @@ class Planner:
     def __init__(
         self,
         layout: Layout,
-        store: ChunkStore,
+        store: StoreProtocol,
         namespace: Namespace,
         *,
         clock: Callable[[], float] = time.monotonic,
