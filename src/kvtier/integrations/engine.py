@@ -59,6 +59,7 @@ from kvtier.engine.config import EngineConfig
 from kvtier.engine.request import BlockIds, BlockTables, Request
 from kvtier.keys import Namespace
 from kvtier.layout import Layout
+from kvtier.planner import ChunkCopy as PlannedCopy
 from kvtier.planner import Metrics, Outcome, Planner, RequestLimits, TransferJob
 from kvtier.store import ChunkStore, ZeroCopyBackend
 from kvtier.transfer import (
@@ -252,10 +253,7 @@ class KvtierOffloader:
 
     def _submit(self, job: TransferJob) -> int:
         """Hand a planner job to the data plane: slot numbers become slot views."""
-        copies = [
-            ChunkCopy(c.group, self._backend.view(c.slot), c.block_ids, c.first_block)
-            for c in job.copies
-        ]
+        copies = [self._copy(c) for c in job.copies]
         engine = self._engine()
         transfer_job = (
             engine.submit_load(copies) if job.direction == "load" else engine.submit_store(copies)
@@ -263,6 +261,12 @@ class KvtierOffloader:
         self._inflight[transfer_job] = job
         self._transfer_id[job.id] = transfer_job
         return transfer_job
+
+    def _copy(self, c: PlannedCopy) -> ChunkCopy:
+        """The data plane's copy for a planned one. A state chunk's slot holds one block,
+        the chunk's last (``TransferEngine.copy_for_run``): it goes to slot block 0."""
+        first = 0 if self.layout.groups[c.group].kind == "state" else c.first_block
+        return ChunkCopy(c.group, self._backend.view(c.slot), c.block_ids, first)
 
     def _settle(self, result: JobResult) -> None:
         """Complete a finished transfer job in the planner (failures included)."""
