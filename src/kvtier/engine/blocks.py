@@ -102,23 +102,54 @@ class BlockTable:
 
 
 class PagedKVCache:
-    """All layers' KV tensors, group outermost, with their group's pools."""
+    """All layers' KV tensors, group outermost, with their group's pools.
+
+    Layers are the target's, then one per draft module (layer ``num_layers + m - 1`` in group
+    ``len(groups) + m - 1``). A ``state`` group (the draft tail's hidden states) holds one
+    tensor ``[num_blocks, tokens_per_block, hidden_size]`` and no layer.
+    """
 
     def __init__(self, config: EngineConfig) -> None:
         assert config.layer_groups is not None
         self.config = config
-        self.kv_caches: list[list[torch.Tensor]] = [[] for _ in config.groups]
+        layout = config.layout()
+        self._tpb = [g.tokens_per_block for g in layout.groups]
+        self.kv_caches: list[list[torch.Tensor]] = [[] for _ in layout.groups]
         self._where: list[tuple[int, int]] = []
-        for group in config.layer_groups:
+        drafts = range(len(config.groups), len(config.groups) + config.num_draft_modules)
+        for group in (*config.layer_groups, *drafts):
             self._where.append((group, len(self.kv_caches[group])))
             self.kv_caches[group].append(self._new_tensor(group))
-        self.pools = [BlockPool(config.num_blocks, g) for g in range(len(config.groups))]
+        for g, group_spec in enumerate(layout.groups):
+            if group_spec.kind == "state":
+                shape = (config.num_blocks, self._tpb[g], config.hidden_size)
+                self.kv_caches[g].append(torch.full(shape, float("nan"), dtype=torch.float32))
+        self.pools = [BlockPool(config.num_blocks, g) for g in range(len(layout.groups))]
 
     def _new_tensor(self, group: int) -> torch.Tensor:
         cfg = self.config
-        shape = (cfg.num_blocks, 2, cfg.groups[group].tokens_per_block, cfg.num_kv_heads,
-                 cfg.head_dim)
+        shape = (cfg.num_blocks, 2, self._tpb[group], cfg.num_kv_heads, cfg.head_dim)
         return torch.full(shape, float("nan"), dtype=torch.float32)
+
+    def write_state(self, group: int, table: BlockTable, start: int, rows: torch.Tensor) -> None:
+        """Write per-position rows (hidden states) of ``start ..`` into a state group's blocks.
+
+        Example: 16-token blocks, ``start = 60``, 8 rows: rows 0..3 go to logical block 3
+        (offsets 12..15), rows 4..7 to logical block 4 (offsets 0..3).
+        """
+        tpb = self._tpb[group]
+        positions = range(start, start + rows.shape[0])
+        blocks = [table[p // tpb] for p in positions]
+        assert None not in blocks, f"state group {group}: writing to an unallocated block"
+        ids = torch.tensor(blocks, dtype=torch.long)
+        offsets = torch.tensor([p % tpb for p in positions], dtype=torch.long)
+        self.kv_caches[group][0][ids, offsets] = rows
+
+    def read_state(self, group: int, table: BlockTable, block: int) -> torch.Tensor:
+        """The rows ``[tokens_per_block, hidden_size]`` of one held logical block."""
+        physical = table[block]
+        assert physical is not None, f"state group {group}: block {block} is not held"
+        return self.kv_caches[group][0][physical].clone()
 
     def group_of(self, layer: int) -> int:
         return self._where[layer][0]
@@ -131,7 +162,7 @@ class PagedKVCache:
         self, layer: int, table: BlockTable, start: int, k: torch.Tensor, v: torch.Tensor
     ) -> None:
         """Write KV of positions ``start .. start + len(k) - 1`` through ``table``."""
-        tpb = self.config.groups[self.group_of(layer)].tokens_per_block
+        tpb = self._tpb[self.group_of(layer)]
         positions = range(start, start + k.shape[0])
         blocks = [table[p // tpb] for p in positions]
         assert None not in blocks, f"layer {layer}: writing to an unallocated block"
@@ -149,7 +180,7 @@ class PagedKVCache:
         Example: 4-token blocks, ``lo = 6, hi = 13``: reads logical blocks 1, 2, 3 and
         drops the first 2 and last 3 rows.
         """
-        tpb = self.config.groups[self.group_of(layer)].tokens_per_block
+        tpb = self._tpb[self.group_of(layer)]
         first, last = lo // tpb, -(-hi // tpb)
         blocks = [table[i] for i in range(first, last)]
         assert None not in blocks, f"layer {layer}: reading a block that is not held"

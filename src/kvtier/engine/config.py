@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from kvtier.engine.spec_config import SpeculativeConfig, speculative_layout
 from kvtier.layout import Group, Layout
 
 AttentionKind = Literal["full", "sliding_window", "chunked_local"]
@@ -124,6 +125,8 @@ class EngineConfig:
     """Most requests that run at once; later ones wait to be admitted."""
     hit_granularity: int = 0
     """Passed to the layout; 0 means the lcm of the groups' ``tokens_per_chunk``."""
+    speculative: SpeculativeConfig | None = None
+    """Draft modules for speculative decoding (``kvtier.engine.spec_config``); None: off."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple):
@@ -191,16 +194,30 @@ class EngineConfig:
     def _identity(self) -> tuple[object, ...]:
         return (self.groups, self.layer_groups, self.hidden_size, self.num_heads,
                 self.num_kv_heads, self.head_dim, self.intermediate_size, self.vocab_size,
-                self.rope_theta, self.rms_eps, self.seed)
+                self.rope_theta, self.rms_eps, self.seed,
+                self.speculative and self.speculative.identity)
+
+    @property
+    def num_draft_modules(self) -> int:
+        """Draft modules (each one layer in its own group after the target's groups)."""
+        return 0 if self.speculative is None else self.speculative.num_modules
 
     def layout(self) -> Layout:
-        """The kvtier ``Layout`` of this model, group for group, with sizes filled in."""
+        """The kvtier ``Layout`` of this model, group for group, with sizes filled in.
+
+        With ``speculative`` set, the target's groups are followed by one group per draft
+        module and the ``hidden`` state group (``kvtier.engine.spec_config``).
+        """
         groups = tuple(
             spec.to_group(self.bytes_per_token(i), name=f"g{i}-{spec.kind}")
             for i, spec in enumerate(self.groups)
         )
-        return Layout(groups=groups, hit_granularity=self.hit_granularity,
-                      model=self.model_id, kv_dtype="float32")
+        layout = Layout(groups=groups, hit_granularity=self.hit_granularity,
+                        model=self.model_id, kv_dtype="float32")
+        if self.speculative is None:
+            return layout
+        draft_bytes = 2 * self.num_kv_heads * self.head_dim * KV_DTYPE_BYTES
+        return speculative_layout(layout, self.speculative, draft_bytes, self.hidden_size)
 
 
 def _round_robin(groups: tuple[GroupSpec, ...]) -> tuple[int, ...]:

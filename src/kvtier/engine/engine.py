@@ -20,13 +20,14 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtier.coverage import retained, retained_blocks
+from kvtier.coverage import restored_blocks, retained, retained_blocks
 from kvtier.engine.attention import attend, attention_mask
 from kvtier.engine.blocks import BlockTable, PagedKVCache
 from kvtier.engine.config import EngineConfig
 from kvtier.engine.hooks import NullOffloader, Offloader
 from kvtier.engine.model import AttentionFn, TinyModel
 from kvtier.engine.request import BlockTables, Completion, Request, RequestStatus
+from kvtier.engine.speculative import Speculator
 
 
 class Engine:
@@ -41,6 +42,8 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._requests: dict[str, Request] = {}
+        self._spec = (None if config.speculative is None else
+                      Speculator(config, self.model, self._cache, self.layout, self._hold))
         self._offloader.register_kv_caches(self.kv_caches)
 
     # ----------------------------------------------------------------------------------
@@ -130,12 +133,14 @@ class Engine:
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.config.max_running:
             request = self._waiting.popleft()
-            request.block_tables = [BlockTable() for _ in self.config.groups]
+            request.block_tables = [BlockTable() for _ in self.layout.groups]
             hit = self._offloader.lookup(request)
             self._check_hit(request, hit)
             for g, group in enumerate(self.layout.groups):
-                for index in retained_blocks(group, hit):
+                for index in restored_blocks(group, hit):
                     request.block_tables[g].assign(index, self._cache.pools[g].allocate())
+            if self._spec is not None:
+                self._spec.start(request)
             request.num_computed_tokens = request.num_restored_tokens = hit
             request.status = RequestStatus.LOADING if hit else RequestStatus.RUNNING
             self._running.append(request)
@@ -157,6 +162,8 @@ class Engine:
         if not self._offloader.wait_loaded(request):
             self._free(request, [t.held() for t in request.block_tables])
             request.num_computed_tokens = request.num_restored_tokens = 0
+        elif self._spec is not None:
+            self._spec.restored(request, request.num_restored_tokens)
         request.status = RequestStatus.RUNNING
 
     # ----------------------------------------------------------------------------------
@@ -166,19 +173,36 @@ class Engine:
         if request.status is RequestStatus.LOADING:
             self._finish_load(request)
         start = request.num_computed_tokens
-        tokens = self._next_piece(request)
-        self._allocate(request, start, start + len(tokens))
-        positions = torch.arange(start, start + len(tokens))
-        with torch.no_grad():
-            logits = self.model.forward(tokens, positions, self._paged_attention(request, start))
-        request.num_computed_tokens = start + len(tokens)
-        if request.num_computed_tokens >= request.num_prompt_tokens:
-            request.output_logits.append(logits[-1])
-            request.output_token_ids.append(int(torch.argmax(logits[-1])))
+        if self._spec is not None and start >= request.num_prompt_tokens:
+            self._spec.decode_step(request, lambda tokens: self._target(request, start, tokens))
+        else:
+            hidden = self._target(request, start, self._next_piece(request))
+            logits = self.model.logits(hidden)
+            request.num_computed_tokens = start + len(hidden)
+            if request.num_computed_tokens >= request.num_prompt_tokens:
+                request.output_logits.append(logits[-1])
+                request.output_token_ids.append(int(torch.argmax(logits[-1])))
+            if self._spec is not None:
+                self._spec.target_computed(request, start, hidden)
         self._offloader.on_computed(
             request, request.num_computed_tokens, request.tables_snapshot()
         )
         self._free_unretained(request)
+
+    def _target(self, request: Request, start: int, tokens: list[int]) -> torch.Tensor:
+        """Run the target over ``tokens`` at ``start ..``; their final hidden states."""
+        self._allocate(request, start, start + len(tokens))
+        positions = torch.arange(start, start + len(tokens))
+        with torch.no_grad():
+            return self.model.hidden(tokens, positions, self._paged_attention(request, start))
+
+    def _hold(self, request: Request, group: int, start: int, stop: int) -> None:
+        """Hold a block of one group for every logical block ``[start, stop)`` touches."""
+        tpb = self.layout.groups[group].tokens_per_block
+        table = request.block_tables[group]
+        for index in range(start // tpb, -(-stop // tpb)):
+            if table[index] is None:
+                table.assign(index, self._cache.pools[group].allocate())
 
     def _next_piece(self, request: Request) -> list[int]:
         """Prompt tokens still to prefill (at most ``max_prefill_tokens``), else the last token.
@@ -194,12 +218,8 @@ class Engine:
 
     def _allocate(self, request: Request, start: int, stop: int) -> None:
         """Hold a block for every logical block that positions ``[start, stop)`` touch."""
-        for g, group in enumerate(self.layout.groups):
-            tpb = group.tokens_per_block
-            table = request.block_tables[g]
-            for index in range(start // tpb, -(-stop // tpb)):
-                if table[index] is None:
-                    table.assign(index, self._cache.pools[g].allocate())
+        for g in range(len(self.layout.groups)):
+            self._hold(request, g, start, stop)
 
     def _paged_attention(self, request: Request, start: int) -> AttentionFn:
         """Attention that writes new KV through the block tables, then reads back the keys
@@ -244,6 +264,8 @@ class Engine:
             self._cache.pools[g].free(physical)
 
     def _finish(self, request: Request) -> Completion:
+        if self._spec is not None:
+            self._spec.finish(request)
         self._offloader.on_finished(request)
         self._free(request, [t.held() for t in request.block_tables])
         request.status = RequestStatus.FINISHED
@@ -254,4 +276,7 @@ class Engine:
             output_token_ids=tuple(request.output_token_ids),
             logits=torch.stack(request.output_logits),
             num_restored_tokens=request.num_restored_tokens,
+            num_drafted_tokens=request.num_drafted_tokens,
+            num_accepted_tokens=request.num_accepted_tokens,
+            num_reprefilled_tokens=request.num_reprefilled_tokens,
         )

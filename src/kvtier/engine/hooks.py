@@ -27,8 +27,10 @@ Call order for one request (``hit`` > 0 only when ``lookup`` found one)::
     before_free(request, all remaining block_ids) then the blocks return to the pool
 
 For ``hit`` = b, the engine allocates, for positions ``[0, b)`` of each group, exactly the
-blocks ``kvtier.coverage.retained_blocks(group, b)`` (a contiguous range of logical
-blocks); all others are ``None`` in ``block_tables``. ``b`` must be a multiple of every
+blocks ``kvtier.coverage.restored_blocks(group, b)`` (a contiguous range of logical
+blocks; ``retained_blocks(group, b)`` for every group but a draft group with a recomputed
+tail, whose engine computes on from ``coverage.restore_point``); all others are ``None``
+in ``block_tables``. ``b`` must be a multiple of every
 group's ``tokens_per_block`` and at most ``num_prompt_tokens - 1``; the engine raises
 ``ValueError`` otherwise.
 """

@@ -66,21 +66,24 @@ def _norm(gen: torch.Generator, size: int) -> torch.Tensor:
     return 1.0 + 0.1 * torch.randn(size, generator=gen)
 
 
+def init_layer(gen: torch.Generator, config: EngineConfig) -> LayerWeights:
+    """One decoder layer's weights, drawn from ``gen``."""
+    h, q_width = config.hidden_size, config.num_heads * config.head_dim
+    kv_width = config.num_kv_heads * config.head_dim
+    return LayerWeights(
+        attn_norm=_norm(gen, h), wq=_linear(gen, h, q_width), wk=_linear(gen, h, kv_width),
+        wv=_linear(gen, h, kv_width), wo=_linear(gen, q_width, h), mlp_norm=_norm(gen, h),
+        w_gate=_linear(gen, h, config.intermediate_size),
+        w_up=_linear(gen, h, config.intermediate_size),
+        w_down=_linear(gen, config.intermediate_size, h),
+    )
+
+
 def init_weights(config: EngineConfig) -> ModelWeights:
     """Random weights drawn from ``torch.Generator().manual_seed(config.seed)``."""
     gen = torch.Generator().manual_seed(config.seed)
-    h, q_width = config.hidden_size, config.num_heads * config.head_dim
-    kv_width = config.num_kv_heads * config.head_dim
-    layers = tuple(
-        LayerWeights(
-            attn_norm=_norm(gen, h), wq=_linear(gen, h, q_width), wk=_linear(gen, h, kv_width),
-            wv=_linear(gen, h, kv_width), wo=_linear(gen, q_width, h), mlp_norm=_norm(gen, h),
-            w_gate=_linear(gen, h, config.intermediate_size),
-            w_up=_linear(gen, h, config.intermediate_size),
-            w_down=_linear(gen, config.intermediate_size, h),
-        )
-        for _ in range(config.num_layers)
-    )
+    h = config.hidden_size
+    layers = tuple(init_layer(gen, config) for _ in range(config.num_layers))
     return ModelWeights(
         embed=torch.randn(config.vocab_size, h, generator=gen), layers=layers,
         final_norm=_norm(gen, h), lm_head=_linear(gen, h, config.vocab_size),
@@ -102,12 +105,31 @@ class TinyModel:
         self, token_ids: Sequence[int], positions: torch.Tensor, attention: AttentionFn
     ) -> torch.Tensor:
         """Logits ``[n, vocab]`` of ``n`` new tokens at ``positions``."""
-        x = self.weights.embed[torch.tensor(list(token_ids), dtype=torch.long)]
+        return self.logits(self.hidden(token_ids, positions, attention))
+
+    def hidden(
+        self, token_ids: Sequence[int], positions: torch.Tensor, attention: AttentionFn
+    ) -> torch.Tensor:
+        """Final hidden states ``[n, hidden]`` (before the final norm): what drafts read."""
+        x = self.embed(token_ids)
         for index, layer in enumerate(self.weights.layers):
-            x = x + self._attention(index, layer, x, positions, attention)
-            x = x + self._mlp(layer, x)
-        x = rms_norm(x, self.weights.final_norm, self.config.rms_eps)
-        return x @ self.weights.lm_head
+            x = self.block(index, layer, x, positions, attention)
+        return x
+
+    def embed(self, token_ids: Sequence[int]) -> torch.Tensor:
+        return self.weights.embed[torch.tensor(list(token_ids), dtype=torch.long)]
+
+    def block(
+        self, index: int, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor,
+        attention: AttentionFn,
+    ) -> torch.Tensor:
+        """One pre-norm decoder layer; ``index`` names its KV to ``attention``."""
+        x = x + self._attention(index, layer, x, positions, attention)
+        return x + self._mlp(layer, x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The shared head: final norm, then the vocabulary projection."""
+        return rms_norm(hidden, self.weights.final_norm, self.config.rms_eps) @ self.weights.lm_head
 
     def _attention(
         self, index: int, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor,

@@ -47,6 +47,12 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     block_tables: list[BlockTable] = field(default_factory=list)
     output_logits: list[torch.Tensor] = field(default_factory=list)
+    num_drafted_tokens: int = 0
+    """Draft tokens proposed and verified (speculative decoding)."""
+    num_accepted_tokens: int = 0
+    """Drafts the target accepted."""
+    num_reprefilled_tokens: int = 0
+    """Draft KV positions rewound and recomputed because they read a rejected draft."""
 
     @property
     def all_token_ids(self) -> tuple[int, ...]:
@@ -72,3 +78,20 @@ class Completion:
     output_token_ids: tuple[int, ...]
     logits: torch.Tensor
     num_restored_tokens: int
+    num_drafted_tokens: int = 0
+    """Draft tokens proposed and verified (0 without speculative decoding)."""
+    num_accepted_tokens: int = 0
+    """Drafts the target accepted."""
+    num_reprefilled_tokens: int = 0
+    """Draft KV positions rewound and recomputed after rejections (up to ``k - 1`` a step)."""
+
+    @property
+    def num_rejected_tokens(self) -> int:
+        return self.num_drafted_tokens - self.num_accepted_tokens
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted; 0.0 when nothing was drafted."""
+        if not self.num_drafted_tokens:
+            return 0.0
+        return self.num_accepted_tokens / self.num_drafted_tokens
