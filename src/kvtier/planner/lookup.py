@@ -8,6 +8,7 @@ prompt costs O(chunks + boundaries), not O(chunks x boundaries).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -49,20 +50,26 @@ def ready_at(
     on_device: int,
     states: Callable[[list[ChunkKey]], list[ChunkState]],
     loading_elsewhere: Callable[[ChunkKey], bool] | None,
-) -> list[dict[int, ChunkKey]] | None:
-    """The fast path: the keys per group if every chunk a hit at ``b`` loads is ready
-    (the common case of a prompt stored whole), else None."""
-    keys: list[dict[int, ChunkKey]] = []
-    for gi, g in enumerate(layout.groups):
-        chunks = coverage.load_chunks(g, b, on_device)
-        keys.append(dict(zip(chunks, chain.keys(gi, chunks), strict=True)))
-    flat = [k for ks in keys for k in ks.values()]
+) -> list[list[ChunkKey]] | None:
+    """The fast path: per group, the key of each chunk a hit at ``b`` loads (in chunk
+    order), if every one is ready (the common case of a prompt stored whole), else None."""
+    keys = [chain.keys(gi, coverage.load_chunks(g, b, on_device))
+            for gi, g in enumerate(layout.groups)]
+    flat = keys[0] if len(keys) == 1 else [*itertools.chain.from_iterable(keys)]
+    if loading_elsewhere is not None and any(map(loading_elsewhere, flat)):
+        return None
     found = states(flat)
     if ChunkState.ABSENT in found or ChunkState.WRITING in found:  # C-speed identity scans
         return None
-    if loading_elsewhere is not None and any(map(loading_elsewhere, flat)):
-        return None
     return keys
+
+
+def hit_keys(
+    layout: Layout, keys: list[dict[int, ChunkKey]], b: int, on_device: int
+) -> list[list[ChunkKey]]:
+    """Per group, the key of each chunk a hit at ``b`` loads, from ``assess``'s keys."""
+    return [[keys[gi][c] for c in coverage.load_chunks(g, b, on_device)]
+            for gi, g in enumerate(layout.groups)]
 
 
 def needed_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> list[ChunkRanges]:

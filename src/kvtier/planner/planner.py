@@ -34,7 +34,7 @@ from kvtier import coverage
 from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
-from kvtier.planner.lookup import assess, candidate_boundaries, ready_at
+from kvtier.planner.lookup import assess, candidate_boundaries, hit_keys, ready_at
 from kvtier.planner.requests import PendingHit, RequestState, load_block_ids, store_block_ids
 from kvtier.planner.types import (
     ChunkCopy,
@@ -164,23 +164,23 @@ class Planner:
             best = avail.best_readable
         if best <= on_device:
             return Lookup(Outcome.MISS, on_device)
-        return self._pin_hit(req, best, on_device, keys)
+        return self._pin_hit(req, best, on_device, hit_keys(self.layout, keys, best, on_device))
 
     def _loading_elsewhere(self, key: ChunkKey) -> bool:
         return self._loading[key] > 0 if self._loading else False
 
     def _pin_hit(
-        self, req: RequestState, b: int, on_device: int, keys: list[dict[int, ChunkKey]]
+        self, req: RequestState, b: int, on_device: int, keys: list[list[ChunkKey]]
     ) -> Lookup:
+        """Pin ``keys`` (per group, the chunks a hit at ``b`` loads) and record the hit."""
         chunks = tuple(
             ChunkRanges.of([(r.start, r.stop)]) if (r := coverage.load_chunks(g, b, on_device))
             else ChunkRanges()
             for g in self.layout.groups
         )
-        hit_keys = [[keys[gi][c] for c in chunks[gi]] for gi in range(len(chunks))]
-        handle = self.store.prepare_load(k for ks in hit_keys for k in ks)
+        handle = self.store.prepare_load([*itertools.chain.from_iterable(keys)])
         result = Lookup(Outcome.HIT, b, chunks)
-        req.hit = PendingHit(result, on_device, hit_keys, handle)
+        req.hit = PendingHit(result, on_device, keys, handle)
         return result
 
     def _count_lookup(self, req: RequestState, result: Lookup) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
+from operator import eq
 
 ENTRY, LIVE, VALUE = 8, 4, 3
 
@@ -65,6 +66,9 @@ class KeyQueue:
 
     def move_to_end(self, keys: Sequence[Hashable]) -> None:
         """Move live ``keys`` to the new end, keeping their values."""
+        order = self._order
+        if len(order) >= len(keys) and all(map(eq, reversed(keys), reversed(order))):
+            return  # already the newest entries, in this order (a repeated access): no change
         state = self._state
         for k in keys:
             state[k] += ENTRY
