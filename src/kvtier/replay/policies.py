@@ -31,8 +31,9 @@ INFINITE = "infinite"
 
 
 def compared_policies() -> list[str]:
-    """Every registered policy, then the infinite cache (Belady sorted in with the rest)."""
-    return [*sorted(POLICIES), INFINITE]
+    """Every registered online policy (``lru`` first), then Belady and the infinite cache."""
+    online = sorted(POLICIES.keys() - {BELADY}, key=lambda p: (p != "lru", p))
+    return [*online, BELADY, INFINITE]
 
 
 def known_policy(name: str) -> str:

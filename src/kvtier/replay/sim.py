@@ -23,9 +23,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+import numpy as np
+import numpy.typing as npt
+
 from kvtier import coverage
 from kvtier.layout import Layout
-from kvtier.planner import Outcome, Planner, RequestLimits, TransferJob
+from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
 from kvtier.replay.refs import (
     RequestRefs,
@@ -88,7 +91,7 @@ def replay(
     """Replay ``workload`` sequentially with ``policy`` over the given tier slots."""
     started = time.perf_counter()
     store = make_store(workload, policy, host_slots, disk_slots)
-    driver = _Driver(workload.config, store, policy)
+    driver = Driver(workload.config, store, policy)
     for i, (req, refs) in enumerate(zip(workload.requests, workload.refs, strict=True)):
         driver.run(f"r{i}", req, refs)
         if progress is not None:
@@ -97,36 +100,75 @@ def replay(
     return driver.stats
 
 
-class _Driver:
-    """One planner over one store, fed a request at a time."""
+class Driver:
+    """One planner over one store; ``run`` replays one request, the steps serve
+    ``kvtier.replay.concurrent``, which calls them at simulated times."""
 
-    def __init__(self, config: ReplayConfig, store: MetadataTiers, policy: str) -> None:
+    def __init__(
+        self, config: ReplayConfig, store: MetadataTiers, policy: str,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.config, self.layout, self.store = config, config.layout, store
-        self.planner = Planner(config.layout, store, replay_namespace(config.layout))
+        self.planner = Planner(config.layout, store, replay_namespace(config.layout),
+                               clock=clock or time.monotonic)
         slots = {HOST: store.num_slots}
         if store.disk is not None:
             slots[DISK] = store.disk.num_slots
         self.stats = ReplayStats(policy, slots, [GroupCounts.of(g) for g in config.layout.groups])
         self.belady = store.policy if isinstance(store.policy, ReplayBelady) else None
+        self._streams: dict[str, npt.NDArray[np.uint32]] = {}  # between begin and store_all
+        self._required: dict[int, tuple[range, ...]] = {}  # boundary -> required, per group
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
+        """The whole request: look up, load, store, finish (module docstring)."""
+        self.begin(rid, req, refs)
+        loaded, by_tier, hit = self.load(rid, self.planner.lookup(rid, 0))
+        timing = self.config.timing
+        self.stats.ttft_cold_s += timing.ttft_s(req.input_length, 0, {})
+        self.stats.ttft_s += timing.ttft_s(req.input_length, hit, by_tier)
+        self.store_all(rid, req, refs, loaded)
+        self.end(rid, refs)
+
+    def begin(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
+        """Register the request and count its block hit, just before its lookup.
+
+        No boundary past the block hit can hit (the replay's stores complete at once, so
+        no chunk is ever being written at a lookup): the planner need not try them.
+        """
         if self.belady is not None:
             self.belady.begin(refs.keys)
         where = self.store.locate(refs.keys)
-        reach = block_hit(self.layout, refs, where)
+        self.store.promoted.clear()
+        reach = block_hit(self.layout, refs, where, self._required)
         self._count_refs(req, refs, reach)
-        stream = token_stream(req.hash_ids, self.config.block_tokens)
-        # No boundary past ``reach`` can hit: the planner need not try them.
-        limits = RequestLimits(max_load_tokens=reach)
-        self.planner.add_request(rid, stream[: refs.num_prompt], limits=limits)
-        loaded = self._hit(rid, req)
+        stream = self._streams[rid] = token_stream(req.hash_ids, self.config.block_tokens)
+        self.planner.add_request(rid, stream[: refs.num_prompt],
+                                 limits=RequestLimits(max_load_tokens=reach))
+
+    def load(self, rid: str, found: Lookup) -> tuple[set[object], dict[str, int], int]:
+        """Accept and complete a hit: the keys loaded, bytes per tier, tokens restored."""
+        if found.outcome is not Outcome.HIT:
+            return set(), {}, 0
+        job = self.planner.accept_hit(rid, _table(self.layout, found.hit_tokens))
+        self.planner.complete_load(job.id, True)
+        by_tier = self._count_load(job, found.hit_tokens)
+        return {c.key for c in job.copies}, by_tier, found.hit_tokens
+
+    def store_all(
+        self, rid: str, req: TraceRequest, refs: RequestRefs, loaded: set[object]
+    ) -> None:
+        """Hold the cached chunks not loaded, store the rest in order, release."""
+        where = self.store.locate(refs.keys)
         held = [k for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
         hold = self.store.hold(held) if held else None
+        stream = self._streams.pop(rid)
         if refs.store_tokens > refs.num_prompt:
             self.planner.append_tokens(rid, stream[refs.num_prompt : refs.store_tokens])
         self._store_in_order(rid, refs, where, loaded)
         if hold is not None:
             self.store.complete_load(hold)
+
+    def end(self, rid: str, refs: RequestRefs) -> None:
         self.planner.finish(rid)
         if self.belady is not None:
             self.belady.end(refs.keys)
@@ -142,23 +184,6 @@ class _Driver:
             s.groups[gi].dense += max(0, dense)
         for gi in refs.groups:
             s.groups[gi].offered += 1
-
-    def _hit(self, rid: str, req: TraceRequest) -> set[object]:
-        """Look up, accept and complete the hit; the keys it loaded."""
-        self.store.promoted.clear()
-        found = self.planner.lookup(rid, 0)
-        timing = self.config.timing
-        if found.outcome is not Outcome.HIT:
-            cold = timing.ttft_s(req.input_length, 0, {})
-            self.stats.ttft_cold_s += cold
-            self.stats.ttft_s += cold
-            return set()
-        job = self.planner.accept_hit(rid, _table(self.layout, found.hit_tokens))
-        self.planner.complete_load(job.id, True)
-        by_tier = self._count_load(job, found.hit_tokens)
-        self.stats.ttft_cold_s += timing.ttft_s(req.input_length, 0, {})
-        self.stats.ttft_s += timing.ttft_s(req.input_length, found.hit_tokens, by_tier)
-        return {c.key for c in job.copies}
 
     def _count_load(self, job: TransferJob, hit_tokens: int) -> dict[str, int]:
         s, groups = self.stats, self.layout.groups
@@ -213,9 +238,16 @@ def _table(layout: Layout, num_tokens: int) -> list[range]:
     return [range(-(-num_tokens // g.tokens_per_block)) for g in layout.groups]
 
 
-def block_hit(layout: Layout, refs: RequestRefs, where: list[str]) -> int:
+def block_hit(
+    layout: Layout, refs: RequestRefs, where: list[str],
+    cache: dict[int, tuple[range, ...]] | None = None,
+) -> int:
     """The largest boundary, up to the stored scope, at which every group's required
-    chunks are cached (anywhere): the request's block hit in tokens, prefix semantics."""
+    chunks are cached (anywhere): the request's block hit in tokens, prefix semantics.
+
+    ``cache`` keeps ``coverage.required`` of every group per boundary across requests.
+    """
+    cache = {} if cache is None else cache
     present: list[list[int]] = [[] for _ in layout.groups]
     for gi, c, w in zip(refs.groups, refs.chunks, where, strict=True):
         flags = present[gi]
@@ -224,8 +256,10 @@ def block_hit(layout: Layout, refs: RequestRefs, where: list[str]) -> int:
         flags[c] = 1 if w else 0
     sums = [[0, *accumulate(f)] for f in present]
     for b in reversed(coverage.admissible_boundaries(layout, refs.store_tokens)):
-        if all(_all_present(sums[gi], coverage.required(g, b))
-               for gi, g in enumerate(layout.groups)):
+        needs = cache.get(b)
+        if needs is None:
+            needs = cache[b] = tuple(coverage.required(g, b) for g in layout.groups)
+        if all(_all_present(sums[gi], r) for gi, r in enumerate(needs)):
             return b
     return 0
 

@@ -9,7 +9,8 @@ A deliberately simple, documented model (docs/replay.md), every parameter settab
   disk, each read costing ``load_latency_ms`` once per request and tier it touches; loads
   happen before the remaining prefill (no layer-wise overlap: a conservative estimate);
 * a request's first token then takes ``first_token_ms`` (one decode step), and every
-  further token ``1000 / decode_tokens_per_s`` ms (used by ``--concurrent`` only).
+  further token ``1000 / decode_tokens_per_s`` ms (used by ``--concurrent`` only, where
+  the engine prefills up to ``prefill_slots`` requests at once).
 
 Time to first token of a request without the cache is ``prefill(L) + first_token``; with a
 hit of ``h`` tokens it is ``load(bytes) + prefill(L - h) + first_token``. The saving is the
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+
+from kvtier.replay.spec import parse_spec
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class TimingModel:
     """One decode step: the first token after prefill, milliseconds."""
     decode_tokens_per_s: float = 50.0
     """Tokens per second one request decodes after its first (``--concurrent``)."""
+    prefill_slots: int = 1
+    """Requests the engine prefills at once, each at the full rate (``--concurrent``)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -52,22 +57,14 @@ class TimingModel:
                      "decode_tokens_per_s"):
             if getattr(self, name) == 0:
                 raise ValueError(f"timing: {name} must be > 0")
+        if not isinstance(self.prefill_slots, int) or self.prefill_slots < 1:
+            raise ValueError(f"timing: prefill_slots must be an integer >= 1, "
+                             f"got {self.prefill_slots!r}")
 
     @classmethod
     def parse(cls, text: str) -> TimingModel:
         """``"prefill_tokens_per_s=8000,host_gb_per_s=50"``; unknown keys are rejected."""
-        known = {f.name for f in fields(cls)}
-        values: dict[str, float] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            name, eq, raw = part.partition("=")
-            if not eq or name.strip() not in known:
-                raise ValueError(f"timing: {part!r} is not key=value with a key among "
-                                 f"{sorted(known)}")
-            try:
-                values[name.strip()] = float(raw)
-            except ValueError:
-                raise ValueError(f"timing: {name.strip()} must be a number, got {raw!r}") from None
-        return cls(**values)
+        return parse_spec(cls, text, "timing")
 
     def prefill_s(self, tokens: int) -> float:
         return tokens / self.prefill_tokens_per_s

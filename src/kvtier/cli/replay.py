@@ -1,0 +1,246 @@
+"""``kvtier replay``: replay a request trace for capacity planning (docs/replay.md).
+
+With no arguments it replays the bundled Mooncake conversation trace for the default
+model, with 64 GiB of host memory and LRU. Everything printed comes from
+``kvtier.replay``; this module parses arguments, sizes tiers and formats results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from kvtier.cli.common import (
+    UsageError,
+    add_layout_arguments,
+    human_bytes,
+    layout_from_args,
+    parse_bytes,
+    positive_int,
+    table,
+)
+from kvtier.cli.main import Command
+from kvtier.layout import Layout
+from kvtier.replay.concurrent import replay_concurrent
+from kvtier.replay.policies import compared_policies, known_policy
+from kvtier.replay.progress import progress_bar
+from kvtier.replay.refs import STORE_SCOPES
+from kvtier.replay.sim import ReplayConfig, Workload, replay
+from kvtier.replay.stats import ReplayStats
+from kvtier.replay.sweep import default_capacities, run_sweep, write_outputs
+from kvtier.replay.synth import SynthConfig, generate
+from kvtier.replay.timing import TimingModel
+from kvtier.replay.trace import BLOCK_TOKENS, TraceError, TraceRequest, read_trace, write_trace
+
+DEFAULT_HOST = "64GiB"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", nargs="?", metavar="TRACE",
+                        help="a trace in Mooncake's format (.jsonl or .jsonl.gz); default: "
+                             "the bundled Mooncake conversation trace")
+    parser.add_argument("--synthetic", metavar="SPEC", nargs="?", const="",
+                        help="replay a generated multi-round conversation trace instead; SPEC "
+                             "is key=value,... over users, turns, system_prompts, system_tokens,"
+                             " user_tokens, output_tokens, think_time_s, arrival_rate_per_s, "
+                             "decode_tokens_per_s, seed")
+    parser.add_argument("--save-trace", metavar="FILE",
+                        help="also write the replayed requests to FILE (Mooncake format)")
+    parser.add_argument("--limit", type=positive_int, metavar="N",
+                        help="replay only the first N requests")
+    add_layout_arguments(parser)
+    _add_tier_arguments(parser)
+    parser.add_argument("--policy", metavar="NAME[,NAME]",
+                        help=f"eviction policy, a list, or 'all': {', '.join(compared_policies())}"
+                             " (default lru, plain recency; all with --sweep)")
+    parser.add_argument("--store", choices=STORE_SCOPES, default="blocks",
+                        help="what a request stores: every block the trace names (blocks, the "
+                             "default) or only whole chunks of its prompt (prompt)")
+    parser.add_argument("--block-tokens", type=positive_int, default=BLOCK_TOKENS, metavar="N",
+                        help=f"tokens per trace block (default {BLOCK_TOKENS})")
+    parser.add_argument("--timing", default="", metavar="SPEC",
+                        help="time model, key=value,... over prefill_tokens_per_s, host_gb_per_s,"
+                             " disk_gb_per_s, load_latency_ms, first_token_ms, "
+                             "decode_tokens_per_s, prefill_slots")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="replay at the trace's timestamps, prefill and decoding overlapping")
+    parser.add_argument("--sweep", type=positive_int, nargs="?", const=8, metavar="POINTS",
+                        help="sweep host capacity (POINTS sizes, default 8) for every policy and "
+                             "write sweep.csv, sweep.json and sweep.png to --out")
+    parser.add_argument("--out", default="replay-sweep", metavar="DIR",
+                        help="directory for --sweep outputs (default ./replay-sweep)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (no progress bar, no table)")
+
+
+def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
+    host = parser.add_mutually_exclusive_group()
+    host.add_argument("--host", type=parse_bytes, metavar="BYTES",
+                      help=f"host memory for the cache, e.g. 64GiB (default {DEFAULT_HOST})")
+    host.add_argument("--host-chunks", type=positive_int, metavar="N",
+                      help="host memory as a number of chunk slots")
+    disk = parser.add_mutually_exclusive_group()
+    disk.add_argument("--disk", type=parse_bytes, metavar="BYTES",
+                      help="a disk tier below host memory (modelled, metadata only), e.g. 1TiB")
+    disk.add_argument("--disk-chunks", type=positive_int, metavar="N",
+                      help="the disk tier as a number of chunk slots")
+
+
+def _slots(layout: Layout, nbytes: int | None, chunks: int | None, flag: str) -> int:
+    if chunks is not None:
+        return chunks
+    if nbytes is None:
+        return 0
+    per = layout.max_bytes_per_chunk
+    if per is None:
+        raise UsageError(f"{flag}: the layout gives no bytes per token, so bytes cannot be "
+                         f"converted to chunks; give {flag}-chunks N instead")
+    slots = nbytes // per
+    if slots < 1:
+        raise UsageError(f"{flag} {human_bytes(nbytes)} holds no chunk of {human_bytes(per)}")
+    return slots
+
+
+def _requests(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
+    try:
+        if args.synthetic is not None:
+            if args.trace:
+                raise UsageError("give a TRACE or --synthetic, not both")
+            reqs = generate(SynthConfig.parse(args.synthetic), args.block_tokens)
+            name = "synthetic"
+            reqs = reqs[: args.limit] if args.limit else reqs
+        else:
+            reqs = read_trace(args.trace, block_tokens=args.block_tokens, limit=args.limit)
+            name = Path(args.trace).name if args.trace else "mooncake conversation (bundled)"
+    except (TraceError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    if args.save_trace:
+        write_trace(reqs, args.save_trace)
+    return reqs, name
+
+
+def _policies(text: str) -> list[str]:
+    if text == "all":
+        return compared_policies()
+    try:
+        return [known_policy(p.strip()) for p in text.split(",") if p.strip()]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    layout = layout_from_args(args)
+    try:
+        timing = TimingModel.parse(args.timing)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    policies = _policies(args.policy or ("all" if args.sweep else "lru"))
+    host_bytes = args.host if args.host is not None or args.host_chunks else parse_bytes(
+        DEFAULT_HOST)
+    host = _slots(layout, host_bytes, args.host_chunks, "--host")
+    disk = _slots(layout, args.disk, args.disk_chunks, "--disk")
+    reqs, name = _requests(args)
+    config = ReplayConfig(layout, args.block_tokens, args.store, timing)
+    show = not args.json
+    with progress_bar(len(reqs), "hashing", enabled=show) as advance:
+        workload = Workload(reqs, config, advance)
+    meta = {"trace": name, "requests": len(reqs), "model": layout.model,
+            "bytes_per_slot": layout.max_bytes_per_chunk, "store": args.store,
+            "mode": "concurrent" if args.concurrent else "sequential",
+            "timing": vars(timing)}
+    runner = replay_concurrent if args.concurrent else replay
+    if args.sweep:
+        return _sweep(args, workload, policies, disk, meta, runner)
+    results = []
+    for policy in policies:
+        with progress_bar(len(reqs), policy, enabled=show) as advance:
+            results.append(runner(workload, policy, host, disk, advance))
+    _report(args, meta, results)
+    return 0
+
+
+def _sweep(args: argparse.Namespace, workload: Workload, policies: list[str], disk: int,
+           meta: dict[str, Any], runner: Any) -> int:
+    capacities = default_capacities(workload, args.sweep)
+    total = sum(1 if p == "infinite" else len(capacities) for p in policies)
+    with progress_bar(total, "sweep", enabled=not args.json) as advance:
+        rows = run_sweep(workload, policies, capacities, disk, meta["bytes_per_slot"],
+                         runner, advance)
+    try:
+        paths = write_outputs(rows, meta, Path(args.out))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--out {args.out}: {e}") from None
+    if args.json:
+        print(json.dumps({**meta, "rows": rows, "files": [str(p) for p in paths]}))
+        return 0
+    headers = ["policy", "host chunks", "host bytes", "block hit", "token hit"]
+    print(table(headers, [[r["policy"], r["host_slots"], human_bytes(r["host_bytes"]),
+                           f"{r['block_hit_rate']:.4f}", f"{r['token_hit_rate']:.4f}"]
+                          for r in rows]))
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _report(args: argparse.Namespace, meta: dict[str, Any], results: list[ReplayStats]) -> None:
+    first = results[0].as_dict()
+    if args.json:
+        out = {**meta, "requests": first["requests"], "block_hit_rate": first["block_hit_rate"],
+               "token_hit_rate": first["token_hit_rate"], "policy": first["policy"],
+               "policies": {r.policy: r.as_dict() for r in results}}
+        print(json.dumps(out))
+        return
+    print(_head(meta, results[0]))
+    print()
+    print(_policy_table(results))
+    print()
+    print(_group_table(results[0]))
+
+
+def _head(meta: dict[str, Any], stats: ReplayStats) -> str:
+    tiers = ", ".join(f"{t} {n} chunks ({human_bytes(n * meta['bytes_per_slot'])})"
+                      if meta["bytes_per_slot"] else f"{t} {n} chunks"
+                      for t, n in stats.slots.items())
+    return (f"{meta['trace']}: {meta['requests']} requests, {meta['model']}, {tiers}, "
+            f"{meta['mode']} replay, store {meta['store']}")
+
+
+def _policy_table(results: list[ReplayStats]) -> str:
+    headers = ["policy", "block hit", "token hit", "prefill saved", "loaded host",
+               "loaded disk", "stored", "TTFT cold", "TTFT", "saved", "time"]
+    rows = []
+    for s in results:
+        d = s.as_dict()
+        stored = sum(g.stored * (g.bytes_per_chunk or 0) for g in s.groups)
+        rows.append([
+            s.policy, f"{d['block_hit_rate']:.4f}", f"{d['token_hit_rate']:.4f}",
+            f"{s.hit_tokens:,} tok", _tier(s, "host"), _tier(s, "disk"),
+            f"{sum(g.stored for g in s.groups):,} ({human_bytes(stored)})",
+            f"{d['mean_ttft_cold_s']:.3f}s", f"{d['mean_ttft_s']:.3f}s",
+            f"{d['mean_ttft_saved_s']:.3f}s", f"{s.wall_s:.1f}s",
+        ])
+    return table(headers, rows)
+
+
+def _tier(s: ReplayStats, tier: str) -> str:
+    n = s.chunks_loaded_by_tier.get(tier, 0)
+    return f"{n:,} ({human_bytes(s.bytes_loaded_by_tier.get(tier, 0))})" if n else "-"
+
+
+def _group_table(s: ReplayStats) -> str:
+    headers = ["group", "kind", "offered", "dense", "offered/dense", "stored", "loaded"]
+    rows = []
+    for g in s.groups:
+        per = g.bytes_per_chunk
+        ratio = f"{g.offered / g.dense:.3f}" if g.dense else "-"
+        rows.append([g.name, g.kind] + [
+            f"{n:,}" + (f" ({human_bytes(n * per)})" if per else "")
+            for n in (g.offered, g.dense)] + [ratio] + [
+            f"{n:,}" + (f" ({human_bytes(n * per)})" if per else "") for n in (g.stored, g.loaded)])
+    return f"chunks per group ({s.policy}; dense = every whole chunk, no pruning)\n" + table(
+        headers, rows)
+
+
+COMMAND = Command("replay", "Replay a request trace through kvtier for capacity planning.",
+                  add_arguments, run)

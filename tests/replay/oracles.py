@@ -1,0 +1,48 @@
+"""Independent, straightforward simulations the replay is checked against."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from kvtier.replay.trace import TraceRequest
+
+
+def simple_lru(requests: Sequence[TraceRequest], capacity: int) -> tuple[int, int]:
+    """(block hits, block references): a request hits the longest run of its leading
+    blocks present, then all its blocks are inserted or refreshed in order, and the least
+    recently used blocks are evicted down to ``capacity``."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = refs = 0
+    for r in requests:
+        run = 0
+        for h in r.hash_ids:
+            if h not in cache:
+                break
+            run += 1
+        hits += run
+        refs += len(r.hash_ids)
+        for h in r.hash_ids:
+            if h in cache:
+                cache.move_to_end(h)
+            else:
+                cache[h] = None
+        while len(cache) > capacity:
+            cache.popitem(last=False)
+    return hits, refs
+
+
+def simple_infinite(requests: Sequence[TraceRequest]) -> tuple[int, int]:
+    """(block hits, block references) with a cache that never evicts."""
+    seen: set[int] = set()
+    hits = refs = 0
+    for r in requests:
+        run = 0
+        for h in r.hash_ids:
+            if h not in seen:
+                break
+            run += 1
+        hits += run
+        refs += len(r.hash_ids)
+        seen.update(r.hash_ids)
+    return hits, refs

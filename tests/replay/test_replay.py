@@ -1,0 +1,114 @@
+"""The replay over a prefix of the bundled trace: policies, ceilings, tiers, layouts."""
+
+from __future__ import annotations
+
+import pytest
+from oracles import simple_infinite
+
+from kvtier.layout import Group, Layout
+from kvtier.presets import preset
+from kvtier.replay import ReplayConfig, TimingModel, Workload, read_trace, replay
+from kvtier.replay.concurrent import replay_concurrent
+from kvtier.replay.policies import compared_policies
+from kvtier.replay.synth import SynthConfig, generate
+from kvtier.store import LRU, POLICIES
+
+FULL_512 = Layout((Group("full", 512),))
+PREFIX = 800
+
+
+@pytest.fixture(scope="module")
+def requests() -> list:
+    return read_trace(limit=PREFIX)
+
+
+@pytest.fixture(scope="module")
+def full(requests: list) -> Workload:
+    return Workload(requests, ReplayConfig(FULL_512))
+
+
+def test_every_policy_sits_between_nothing_and_the_ceilings(full: Workload) -> None:
+    rates = {p: replay(full, p, 1500) for p in compared_policies()}
+    hits, refs = simple_infinite(full.requests)
+    assert rates["infinite"].block_hits == hits
+    for p, s in rates.items():
+        assert 0 < s.block_hit_rate <= rates["belady"].block_hit_rate or p == "infinite"
+        assert s.block_hit_rate <= rates["infinite"].block_hit_rate
+        assert s.block_refs == refs and s.requests == PREFIX
+
+
+def test_new_registered_policies_are_compared(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Newest(LRU):
+        name = "newest"
+
+    monkeypatch.setitem(POLICIES, "newest", Newest)
+    names = compared_policies()
+    assert names[0] == "lru" and "newest" in names and names[-2:] == ["belady", "infinite"]
+
+
+def test_token_hits_are_whole_chunks_below_the_prompt_end(full: Workload) -> None:
+    s = replay(full, "lru", 2000)
+    assert s.hit_tokens % 512 == 0
+    assert s.hit_tokens <= s.block_hits * 512
+    assert 0 < s.token_hit_rate < 1
+    assert s.ttft_s < s.ttft_cold_s
+
+
+def test_prompt_scope_stores_no_partial_block(requests: list) -> None:
+    blocks = replay(Workload(requests, ReplayConfig(FULL_512)), "infinite", 1)
+    prompt = replay(Workload(requests, ReplayConfig(FULL_512, scope="prompt")), "infinite", 1)
+    assert prompt.groups[0].offered == sum(r.input_length // 512 for r in requests)
+    assert prompt.block_hits <= blocks.block_hits
+
+
+def test_sequential_concurrent_with_one_prefill_slot_agree(full: Workload) -> None:
+    seq = replay(full, "lru", 1500)
+    conc = replay_concurrent(full, "lru", 1500)
+    assert (conc.block_hits, conc.hit_tokens) == (seq.block_hits, seq.hit_tokens)
+    assert conc.ttft_s >= seq.ttft_s  # queueing only adds
+
+
+def test_concurrent_prefills_can_miss_a_prefix_still_being_computed(requests: list) -> None:
+    timing = TimingModel(prefill_slots=8, prefill_tokens_per_s=500)
+    w = Workload(requests[:300], ReplayConfig(FULL_512, timing=timing))
+    assert replay_concurrent(w, "infinite", 1).block_hits < replay(w, "infinite", 1).block_hits
+
+
+def test_disk_tier_below_host(full: Workload) -> None:
+    host_only = replay(full, "lru", 500)
+    tiered = replay(full, "lru", 500, disk_slots=20000)
+    assert tiered.block_hits >= host_only.block_hits
+    assert tiered.chunks_loaded_by_tier.get("disk", 0) > 0
+    assert tiered.slots == {"host": 500, "disk": 20000}
+    assert tiered.block_hits <= simple_infinite(full.requests)[0]
+
+
+def test_hybrid_layout_loads_only_the_window(requests: list) -> None:
+    w = Workload(requests[:250], ReplayConfig(preset("gpt-oss-120b")))
+    s = replay(w, "lru", 3000)
+    full, sliding = s.groups
+    assert full.loaded > 0 and sliding.loaded < full.loaded
+    assert sliding.offered <= sliding.dense
+    per = preset("gpt-oss-120b").groups[0].bytes_per_chunk
+    assert s.as_dict()["groups"][0]["loaded_bytes"] == full.loaded * per
+
+
+def test_synthetic_traces_are_deterministic_and_share_system_prompts() -> None:
+    cfg = SynthConfig(users=40, turns=4, system_prompts=2, seed=7)
+    a, b = generate(cfg), generate(cfg)
+    assert a == b and a != generate(SynthConfig(users=40, turns=4, system_prompts=2, seed=8))
+    assert len({r.hash_ids[0] for r in a}) == 2
+    assert [r.timestamp_ms for r in a] == sorted(r.timestamp_ms for r in a)
+    s = replay(Workload(a, ReplayConfig(FULL_512)), "infinite", 1)
+    assert s.block_hit_rate > 0.5  # system prompts and histories are reused
+
+
+def test_timing_model() -> None:
+    m = TimingModel(prefill_tokens_per_s=1000, host_gb_per_s=1, load_latency_ms=0,
+                    first_token_ms=0)
+    assert m.ttft_s(2000, 0, {}) == 2.0
+    assert m.ttft_s(2000, 1000, {"host": 10**8}) == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="prefill_tokens_per_s must be > 0"):
+        TimingModel(prefill_tokens_per_s=0)
+    with pytest.raises(ValueError, match="among"):
+        TimingModel.parse("speed=3")
