@@ -172,11 +172,12 @@ class ConnectorScheduler:
     ) -> StepPlan:
         """Plan one step: ``requests`` scheduled in it, ``reallocated`` other block ids
         vLLM (re)wrote this step (e.g. copy destinations)."""
-        self._fresh.update(b for b in reallocated if b)
         steps = list(requests)
+        self._fresh.update(b for b in reallocated if b)
+        self._fresh.update(b for s in steps for ids in s.block_ids or () for b in ids if b)
+        self._forget_reallocated()  # before this step's blocks join the tables
         for s in steps:
             self._update_table(s)
-        self._forget_reallocated()
         # Fence before planning this step's stores: those run after the forward, and read
         # the blocks this step writes.
         flush = sorted({j for g in range(len(self.layout.groups))
@@ -194,7 +195,6 @@ class ConnectorScheduler:
             return
         for gi, ids in enumerate(s.block_ids):
             new = [b or None for b in ids]
-            self._fresh.update(b for b in ids if b)
             if s.full_table:
                 req.tables[gi] = new
             else:
@@ -249,7 +249,9 @@ class ConnectorScheduler:
     def _complete(self, entry: _Job) -> JobReport:
         job = entry.job
         if job.direction == "load":
-            self.planner.complete_load(job.id, entry.ok)
+            # A failed load drops its chunks: the retry recomputes instead of failing again.
+            bad = () if entry.ok else [c.key for c in job.copies]
+            self.planner.complete_load(job.id, entry.ok, bad)
         else:
             self.planner.complete_store(job.id, entry.ok)
         return JobReport(job.request_id, job.direction, entry.ok)

@@ -25,7 +25,6 @@ import torch
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
@@ -49,6 +48,8 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+
+from vllm import SamplingParams
 
 HEADS, HEAD_SIZE = 1, 8
 _MOD = (1 << 61) - 1
@@ -87,6 +88,8 @@ class SpecStandIn:
     disable_eagle_block_drop: bool = False
     disable_lookahead_block_hashes: bool = True
     num_speculative_tokens_per_batch_size: Any = None
+    max_num_new_slots_for_drafting: int = 0
+    parallel_drafting: bool = False
     draft_model_config: Any = None
 
     def __post_init__(self) -> None:
@@ -206,6 +209,7 @@ class VllmSim:
         self.hasher = get_request_block_hasher(min(g.block_size for g in groups), sha256)
         self.lookahead = lookahead
         self.sync_transfers = sync_transfers
+        self.plans: list[Any] = []  # every step's connector metadata, for assertions
         self.requests: dict[str, SimRequest] = {}
         self.kv: dict[str, torch.Tensor] = {}
         self.worker: Any = None
@@ -256,6 +260,7 @@ class VllmSim:
         if self.worker is None:
             return KVConnectorOutput()
         meta = out.kv_connector_metadata
+        self.plans.append(meta)
         self.worker.bind_connector_metadata(meta)
         self.worker.handle_preemptions(meta)
         self.worker.start_load_kv(None)
@@ -284,8 +289,9 @@ class VllmSim:
     def _forward(self, req_id: str, num_scheduled: int, out: Any) -> None:
         sim = self.requests[req_id]
         req = sim.request
-        end = req.num_computed_tokens  # already advanced by this step's tokens
-        start = end - num_scheduled
+        drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
+        start = req.num_computed_tokens - num_scheduled  # already advanced by this step
+        end = req.num_computed_tokens - drafts  # draft positions: KV that gets rejected
         if sim.draft_written < 0:
             sim.draft_written = start
         table = self.scheduler.kv_cache_manager.get_block_ids(req_id)
@@ -296,6 +302,8 @@ class VllmSim:
                 lo, hi = sim.draft_written, min(end, known - self.lookahead)
             for p in range(lo, hi):
                 self._write(sim, gi, g, table[gi], p)
+        for p in range(end, end + drafts):
+            self._write_rejected(gi=0, g=self.groups[0], ids=table[0], p=p)
         if any(g.eagle for g in self.groups):
             sim.draft_written = max(sim.draft_written, min(end, known - self.lookahead))
 
@@ -307,6 +315,13 @@ class VllmSim:
         for li in range(g.num_layers):
             value = kv_value(sim.prefix_hash(p + depends), gi, li)
             self.kv[f"g{gi}.l{li}"][block, :, p % g.block_size] = value.view(2, HEADS, HEAD_SIZE)
+
+    def _write_rejected(self, gi: int, g: SimGroup, ids: list[int], p: int) -> None:
+        """KV of a draft token the stand-in rejects: garbage no store may capture."""
+        block = ids[p // g.block_size] if p // g.block_size < len(ids) else 0
+        if block:
+            for li in range(g.num_layers):
+                self.kv[f"g{gi}.l{li}"][block, :, p % g.block_size] = -7
 
     def step_until_scheduled(self, req_id: str, max_steps: int = 50) -> Any:
         """Step until ``req_id`` is scheduled; returns that step's ``SchedulerOutput``."""
