@@ -92,8 +92,8 @@ def run(sim: VllmSim, waves: list[list[list[int]]],
             kv_out, blocks = report(out.kv_connector_metadata) if connector else (None, 0)
             stored_blocks += blocks
             ids = list(out.num_scheduled_tokens)
-            done = [r for r in ids
-                    if sim.requests[r].request.num_computed_tokens >= sim.requests[r].request.num_tokens]
+            reqs = {r: sim.requests[r].request for r in ids}
+            done = [r for r in ids if reqs[r].num_computed_tokens >= reqs[r].num_tokens]
             runner = ModelRunnerOutput(
                 req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                 sampled_token_ids=[[7] if r in done else [] for r in ids],
