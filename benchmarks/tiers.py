@@ -12,11 +12,14 @@ of 8 chunks (one write-back or promotion batch):
   the page cache is reported too (``warm_read``), without a target: there the figure is
   memory bandwidth against crc32 speed, not disk;
 * Redis write and read: ``RedisTier.put`` / ``get`` against a bare redis-py pipeline of
-  SET / GET of the same payloads, on a private ``redis-server`` started for the run.
+  SET / GET of the same payloads, on a private ``redis-server`` started for the run; which
+  of the two goes first alternates from round to round.
 
 Every figure is a ratio of bandwidths, tier over bare, the best of ``--repeats``
-interleaved runs (the machine is shared and noisy). Targets: disk at least 0.7 of bare,
-Redis at least 0.8. Prints a table, then as its last line one JSON object.
+interleaved runs (the machine is shared and noisy); ``*_ratio_median`` is the median over
+rounds of each round's own ratio, the steadier figure when other work comes and goes.
+Targets: disk at least 0.7 of bare, Redis at least 0.8. Prints a table, then as its last
+line one JSON object.
 
     python benchmarks/tiers.py [--quick] [--redis-url redis://host:port/0]
 """
@@ -28,6 +31,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
@@ -173,7 +177,7 @@ def _wait_for_ping(port: int) -> None:
     raise SystemExit(f"redis-server on port {port} did not answer PING")
 
 
-def redis_round(url: str, items: list[Item]) -> dict[str, float]:
+def redis_round(url: str, items: list[Item], n: int) -> dict[str, float]:
     import redis
 
     bare = redis.Redis.from_url(url, socket_timeout=30)
@@ -195,13 +199,15 @@ def redis_round(url: str, items: list[Item]) -> dict[str, float]:
                 pipe.get(name)
             pipe.execute()
 
+    runs: dict[str, Callable[[], object]] = {
+        "bare_write": bare_set,
+        "tier_write": lambda: [tier.put(b) for b in batches(items)],
+        "bare_read": bare_get,
+        "tier_read": lambda: read_batches(tier.get, keys),
+    }
+    order = list(runs) if n % 2 == 0 else ["tier_write", "bare_write", "tier_read", "bare_read"]
     try:
-        out = {
-            "bare_write": timed(bare_set),
-            "tier_write": timed(lambda: [tier.put(b) for b in batches(items)]),
-            "bare_read": timed(bare_get),
-            "tier_read": timed(lambda: read_batches(tier.get, keys)),
-        }
+        out = {name: timed(runs[name]) for name in order}
         assert tier.stats.hits == len(items) and tier.stats.errors == 0
         bare.flushdb()
         return out
@@ -216,6 +222,14 @@ def redis_round(url: str, items: list[Item]) -> dict[str, float]:
 def best(rounds: list[dict[str, float]], nbytes: int) -> dict[str, float]:
     """Best bandwidth (GB/s) of each measurement over the rounds."""
     return {name: nbytes / min(r[name] for r in rounds) / 1e9 for name in rounds[0]}
+
+
+def median_ratios(prefix: str, rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Per operation, the median over rounds of bare time over tier time."""
+    ops = [name.removeprefix("tier_") for name in rounds[0] if name.startswith("tier_")]
+    return {f"{prefix}_{op}_ratio_median":
+            round(statistics.median(r[f"bare_{op}"] / r[f"tier_{op}"] for r in rounds), 3)
+            for op in ops}
 
 
 def figures_of(prefix: str, bw: dict[str, float]) -> dict[str, float]:
@@ -237,13 +251,15 @@ def figures_of(prefix: str, bw: dict[str, float]) -> dict[str, float]:
 
 
 def print_table(figures: dict[str, Any]) -> None:
-    print(f"{'tier':<7}{'op':<11}{'tier GB/s':>11}{'bare GB/s':>11}{'ratio':>8}{'target':>8}")
+    print(f"{'tier':<7}{'op':<11}{'tier GB/s':>11}{'bare GB/s':>11}{'ratio':>8}{'target':>8}"
+          f"{'median':>8}")
     for tier, op in (("disk", "write"), ("disk", "read"), ("disk", "warm_read"),
                      ("redis", "write"), ("redis", "read")):
         target = TARGETS.get(f"{tier}_{op}_ratio")
         print(f"{tier:<7}{op:<11}{figures[f'{tier}_{op}_gbps']:>11.3f}"
               f"{figures[f'{tier}_bare_{op}_gbps']:>11.3f}{figures[f'{tier}_{op}_ratio']:>8.2f}"
-              f"{'-' if target is None else f'{target:.2f}':>8}")
+              f"{'-' if target is None else f'{target:.2f}':>8}"
+              f"{figures[f'{tier}_{op}_ratio_median']:>8.2f}")
 
 
 def main() -> None:
@@ -259,9 +275,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         disk = [disk_round(Path(work), items, i) for i in range(repeats)]
     with redis_server(args.redis_url) as url:
-        remote = [redis_round(url, items) for _ in range(repeats)]
+        remote = [redis_round(url, items, i) for i in range(repeats)]
     figures: dict[str, Any] = {"chunk_bytes": CHUNK, "chunks": n, "batch": BATCH}
     figures |= figures_of("disk", best(disk, nbytes)) | figures_of("redis", best(remote, nbytes))
+    figures |= median_ratios("disk", disk) | median_ratios("redis", remote)
     print_table(figures)
     met = all(figures[name] >= target for name, target in TARGETS.items())
     print(json.dumps({"benchmark": "tiers", "figures": figures, "targets": TARGETS, "met": met}))

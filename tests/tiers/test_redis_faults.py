@@ -1,5 +1,6 @@
 """Redis-tier faults: a corrupted value, a server stopped and started again mid-run, a
-paused (slow) server, an unreachable one, and two OS processes sharing one server."""
+paused (slow) server, an unreachable one, a server refusing writes, and two OS processes
+sharing one server; and what a write leaves on the server (exactly one record per key)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from tier_helpers import GEOMETRY, Clock, items, key, payload, poll
 
 from conftest import RedisServer
+from kvtier.store.record import encode
 from kvtier.store.remote import Backoff, RedisTier
 
 pytestmark = pytest.mark.redis
@@ -33,6 +35,34 @@ def test_a_corrupted_value_is_a_counted_miss_and_deleted(redis_server: RedisServ
     assert list(tier.get([key("a"), key("b")])) == [key("b")]
     assert tier.stats.corrupt == 1
     assert admin.exists(f"kvtier:{key('a').hex()}") == 0  # type: ignore[attr-defined]
+
+
+def test_a_value_is_exactly_the_record_and_expires(redis_server: RedisServer) -> None:
+    tier = tier_for(redis_server, ttl_s=60)
+    big = [(key("big"), payload("big", 3 << 20))]  # sent from its own buffer, not joined
+    tier.put(items("ab") + big)
+    admin = redis_server.client()
+    for k, data in [*items("ab"), *big]:
+        name = f"kvtier:{k.hex()}"
+        assert admin.get(name) == b"".join(encode(k, GEOMETRY, data))  # type: ignore[attr-defined]
+        assert 0 < admin.ttl(name) <= 60  # type: ignore[attr-defined]
+    assert bytes(tier.get([key("big")])[key("big")]) == payload("big", 3 << 20)
+
+
+def test_a_refused_batch_is_a_counted_refusal_then_writes_resume(
+    redis_server: RedisServer,
+) -> None:
+    clock = Clock()
+    tier = tier_for(redis_server, clock)
+    admin = redis_server.client()
+    admin.config_set("maxmemory-policy", "noeviction")  # type: ignore[attr-defined]
+    admin.config_set("maxmemory", 1)  # type: ignore[attr-defined]  # every write: OOM
+    assert tier.put(items("ab")) == [] and tier.stats.errors == 1
+    admin.config_set("maxmemory", 0)  # type: ignore[attr-defined]
+    clock.now += 1.0
+    assert tier.put(items("cd")) == [key("c"), key("d")]  # the connection is not desynced
+    got = tier.get([key(n) for n in "abcd"])
+    assert {k: bytes(v) for k, v in got.items()} == dict(items("cd")) and tier.healthy
 
 
 def test_namespaces_do_not_share(redis_server: RedisServer) -> None:

@@ -89,7 +89,6 @@ class RedisTier:
         self._workers = Workers(self.name, workers)
         self._client: Any = None
         self._lock = threading.Lock()  # guards the client and the failure count
-        self._scratch = threading.local()
         self._failures = 0
         self._retry_at = float("-inf")
 
@@ -182,34 +181,16 @@ class RedisTier:
         if not items:
             return []
         start = time.perf_counter()
-        records = self._records(items)
+        records = [(self._name(k).encode(), *encode(k, self.geometry, p)) for k, p in items]
         done = self._run(lambda c: _set_many(c, records, self.ttl_s))
         if done is None:
             self.stats.add(refused=len(items))
             return []
         self.stats.add(
-            stored=len(items), bytes_written=sum(r.nbytes for _, r in records), writes=1,
-            write_seconds=time.perf_counter() - start,
+            stored=len(items), bytes_written=sum(len(h) + v.nbytes for _, h, v in records),
+            writes=1, write_seconds=time.perf_counter() - start,
         )
         return [k for k, _ in items]
-
-    def _records(self, items: Sequence[Item]) -> list[tuple[str, memoryview]]:
-        """Each item's record, laid out in this thread's scratch buffer: reused warm memory,
-        because a fresh multi-megabyte buffer per call costs more in page faults than the
-        copy itself. Valid until this thread's next ``put``."""
-        parts = [encode(k, self.geometry, p) for k, p in items]
-        need = sum(len(h) + v.nbytes for h, v in parts)
-        scratch = getattr(self._scratch, "buf", None)
-        if scratch is None or len(scratch) < need:
-            scratch = self._scratch.buf = bytearray(need)
-        view, out, at = memoryview(scratch), [], 0
-        for (k, _), (head, payload) in zip(items, parts, strict=True):
-            end = at + len(head) + payload.nbytes
-            view[at : at + len(head)] = head
-            view[at + len(head) : end] = payload
-            out.append((self._name(k), view[at:end]))
-            at = end
-        return out
 
     def remove(self, keys: Sequence[ChunkKey]) -> None:
         """Delete ``keys`` on the server (best effort: a failed call is only counted)."""
@@ -251,12 +232,57 @@ def _get_many(client: Any, names: Sequence[str]) -> list[bytes | None]:
     return list(pipe.execute())
 
 
-def _set_many(client: Any, records: Sequence[tuple[str, memoryview]], ttl_s: int | None) -> bool:
-    """One round trip: SET each (name, record), expiring after ``ttl_s`` if given."""
-    pipe = client.pipeline(transaction=False)
-    for name, record in records:
-        pipe.set(name, record, ex=ttl_s)
-    return all(pipe.execute())
+Outgoing = tuple[bytes, bytes, memoryview]
+"""A chunk on its way to the server: its name, its record header and its payload."""
+
+
+def _set_many(client: Any, records: Sequence[Outgoing], ttl_s: int | None) -> bool:
+    """One round trip: SET each name to its record (header, then payload), expiring after
+    ``ttl_s`` if given.
+
+    redis-py takes a value as one argument, so the record would first have to be joined
+    into one buffer: a copy of every payload, the main cost of a write after crc32. Instead
+    each SET is written in the Redis protocol here, its value announced with the record's
+    full length and sent as two buffers straight from where they lie. It is still one
+    command, so it is atomic for readers: Redis runs a command only once all of its bytes
+    have arrived. Any failure closes the connection, so the server drops a command cut short
+    and the pool never gets back a connection with replies left unread."""
+    pool = client.connection_pool
+    conn = _checkout(pool)
+    try:
+        conn.send_packed_command([b for r in records for b in _set_command(*r, ttl_s)])
+        for _ in records:
+            conn.read_response()
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+    return True
+
+
+def _set_command(
+    name: bytes, header: bytes, payload: memoryview, ttl_s: int | None
+) -> tuple[bytes, memoryview, bytes]:
+    """``SET name <header + payload> [EX ttl_s]`` in the Redis protocol (RESP), as three
+    buffers: everything up to the end of the header, the payload, the rest.
+
+    >>> head, body, tail = _set_command(b"k", b"hh", memoryview(b"ppp"), 60)
+    >>> head + body + tail
+    b'*5\\r\\n$3\\r\\nSET\\r\\n$1\\r\\nk\\r\\n$5\\r\\nhhppp\\r\\n$2\\r\\nEX\\r\\n$2\\r\\n60\\r\\n'
+    """
+    extra = [] if ttl_s is None else [b"EX", str(ttl_s).encode()]
+    head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s" % (
+        3 + len(extra), len(name), name, len(header) + payload.nbytes, header)
+    return head, payload, b"\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in extra)
+
+
+def _checkout(pool: Any) -> Any:
+    """A connection of ``pool``, handed back with ``pool.release``."""
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py before 5.3 wants a command name
+        return pool.get_connection("SET")
 
 
 def _check(url: str, namespace: str, timeout_s: float, ttl_s: int | None) -> None:
