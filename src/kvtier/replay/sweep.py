@@ -43,7 +43,7 @@ def run_sweep(
     for policy in policies:
         for slots in capacities[:1] if policy == INFINITE else capacities:
             stats = runner(workload, policy, slots, disk_slots)
-            rows.append(_row(stats, policy, slots, bytes_per_slot))
+            rows.append(_row(stats, policy, stats.slots["host"], bytes_per_slot))
             if advance is not None:
                 advance(1)
     return rows
