@@ -2,7 +2,8 @@
 
 The slot side of a batch is always a ``[n, chunk_words]`` word view in slot layout, and
 copies move with one batched ``index_select`` (store) or ``index_copy_`` (load) per block
-position and layer piece, over all the batch's chunks at once. That view is either
+position and layer piece, over all the batch's chunks at once (a CPU load: one numpy
+assignment per layer piece, see :func:`_scatter`). That view is either
 
 * the slots themselves, when they are evenly spaced rows of one slab on the KV device (the
   CPU): one pass, no staging (:func:`slab_rows`); or
@@ -18,9 +19,9 @@ been reached. On the CPU the same code runs synchronously on ordinary memory.
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from kvtier.transfer.plan import Batch
@@ -56,21 +57,21 @@ def slab_rows(batch: Batch) -> torch.Tensor | None:
     Example: slots ``slab[4]``, ``slab[5]``, ``slab[6]`` of a ``[64, 4096]`` slab, 8-byte
     words: a view with strides ``(512, 1)`` starting at word ``4 * 512`` of the slab.
     """
-    slots, word = batch.slots, batch.view.word_bytes
+    slots, ptrs, word = batch.slots, batch.ptrs, batch.view.word_bytes
     first = slots[0]
-    if first.device != batch.view.device:
+    steps = np.diff(ptrs)
+    spacing = int(steps[0]) if len(steps) else batch.view.chunk_bytes
+    if first.device != batch.view.device or spacing <= 0 or spacing % word:
+        return None
+    if not (steps == spacing).all():
         return None
     base = first.untyped_storage().data_ptr()
-    if any(s.untyped_storage().data_ptr() != base for s in slots):
-        return None
-    ptrs = [s.data_ptr() for s in slots]
-    spacing = ptrs[1] - ptrs[0] if len(ptrs) > 1 else batch.view.chunk_bytes
-    evenly = all(b - a == spacing for a, b in itertools.pairwise(ptrs))
-    if not evenly or spacing <= 0 or spacing % word or (ptrs[0] - base) % word:
+    start = int(ptrs[0]) - base
+    if start % word or any(s.untyped_storage().data_ptr() != base for s in slots[1:]):
         return None
     out = torch.empty(0, dtype=batch.view.word, device=first.device)
     shape = (len(slots), batch.view.chunk_words)
-    return out.set_(first.untyped_storage(), (ptrs[0] - base) // word, shape, (spacing // word, 1))
+    return out.set_(first.untyped_storage(), start // word, shape, (spacing // word, 1))
 
 
 def placements(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
@@ -82,13 +83,30 @@ def placements(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[torch.Tenso
     ``[len(copies), width]`` view).
     """
     view = batch.view
-    ids = batch.block_ids().to(staged.device)
+    ids = torch.from_numpy(batch.ids).to(staged.device)
     for li, layer in enumerate(view.layers):
         for j in range(batch.num_blocks):
             base = view.block_word(li, batch.first_block + j)
             for piece in layer.pieces:
                 col = base + piece.offset
                 yield piece.rows, ids[j], staged[:, col : col + piece.width]
+
+
+def planes(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[np.ndarray, ...]]:
+    """``(piece rows, block ids, staging view)`` for each layer piece, as CPU ndarrays.
+
+    The same placements as :func:`placements`, every block position at once: ids are
+    ``[len(copies), num_blocks]`` and the view ``[len(copies), num_blocks, width]``.
+    Example: 4 layers of one piece each give 4 triples, whatever the number of blocks.
+    """
+    view, rows_apart = batch.view, staged.stride(0)
+    for li, layer in enumerate(view.layers):
+        start = staged.storage_offset() + view.block_word(li, batch.first_block)
+        for piece in layer.pieces:
+            shape = (staged.shape[0], batch.num_blocks, piece.width)
+            strides = (rows_apart, layer.words_per_block, 1)
+            plane = staged.as_strided(shape, strides, start + piece.offset)
+            yield piece.rows.detach().numpy(), batch.ids.T, plane.detach().numpy()
 
 
 class Mover:
@@ -152,6 +170,8 @@ class Mover:
                 raw[i, lo:hi].copy_(slot[lo:hi], non_blocking=self._stream is not None)
 
     def _check_faults(self, batch: Batch) -> None:
+        if self._fault is None:
+            return
         for copy in batch.copies:
             self._check_fault(copy)
 
@@ -183,6 +203,14 @@ def _gather(batch: Batch, staged: torch.Tensor) -> None:
 
 
 def _scatter(batch: Batch, staged: torch.Tensor) -> None:
-    """Slot-layout rows ``staged`` -> KV blocks."""
+    """Slot-layout rows ``staged`` -> KV blocks.
+
+    On the CPU one numpy assignment per layer piece moves every block position: a single
+    pass at memcpy speed, where ``index_copy_`` moves one word per element.
+    """
+    if staged.device.type == "cpu":
+        for dst, at, plane in planes(batch, staged):
+            dst[at] = plane  # a load writes each block once (checked at submit)
+        return
     for rows, ids, src in placements(batch, staged):
         rows.index_copy_(0, ids, src)

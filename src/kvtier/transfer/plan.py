@@ -6,16 +6,21 @@ copies of one group with one shape ``(first_block, num_blocks)``, sorted by slot
 so that they move with one batched ``index_select`` / ``index_copy_`` per (block position,
 layer piece), and slots that sit evenly spaced in one slab can be addressed as one view.
 
+The checks and the grouping run over arrays (one entry per copy, or per block id), so a
+job of thousands of copies costs one short Python pass to read them, not a pass per check;
+when a check finds a bad copy, the per-copy check of that copy writes the message.
+
 Example: a load of chunks 1 (block 3 only), 2 and 3 of a 4-block group makes two batches:
 chunks 2 and 3 (shape ``(0, 4)``), then chunk 1 (shape ``(3, 1)``).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import groupby
 
+import numpy as np
 import torch
 
 from kvtier.transfer.spec import ChunkCopy, Direction
@@ -24,11 +29,17 @@ from kvtier.transfer.views import GroupView, slot_tensor
 
 @dataclass(frozen=True)
 class Batch:
-    """Copies of one group and one shape ``(first_block, num_blocks)``, by slot address."""
+    """Copies of one group and one shape ``(first_block, num_blocks)``, by slot address.
+
+    ``ids[p, i]`` is the engine block at chunk position ``first_block + p`` of copy ``i``;
+    ``ptrs[i]`` is the address of ``slots[i]``.
+    """
 
     view: GroupView
     copies: tuple[ChunkCopy, ...]
     slots: tuple[torch.Tensor, ...]
+    ids: np.ndarray
+    ptrs: np.ndarray
 
     @property
     def first_block(self) -> int:
@@ -36,46 +47,93 @@ class Batch:
 
     @property
     def num_blocks(self) -> int:
-        return self.copies[0].num_blocks
-
-    def block_ids(self) -> torch.Tensor:
-        """``[num_blocks, len(copies)]`` engine block ids, position-major."""
-        return torch.tensor([c.block_ids for c in self.copies], dtype=torch.int64).T.contiguous()
+        return int(self.ids.shape[0])
 
     def split(self, size: int) -> list[Batch]:
         """Consecutive parts of at most ``size`` copies (at least one each)."""
         size = max(1, size)
         return [
-            Batch(self.view, self.copies[i : i + size], self.slots[i : i + size])
+            Batch(self.view, self.copies[i : i + size], self.slots[i : i + size],
+                  self.ids[:, i : i + size], self.ptrs[i : i + size])
             for i in range(0, len(self.copies), size)
         ]
 
 
-def _shape(copy: ChunkCopy) -> tuple[int, int]:
-    return (copy.first_block, copy.num_blocks)
+@dataclass(frozen=True)
+class _Table:
+    """A job's copies as arrays: one entry per copy, block ids flat (``starts`` into them)."""
+
+    copies: Sequence[ChunkCopy]
+    groups: np.ndarray
+    firsts: np.ndarray
+    counts: np.ndarray
+    starts: np.ndarray
+    ids: np.ndarray
+
+    @classmethod
+    def of(cls, copies: Sequence[ChunkCopy]) -> _Table:
+        n = len(copies)
+        counts = np.fromiter((len(c.block_ids) for c in copies), np.int64, n)
+        total = int(counts.sum())
+        ids = np.fromiter(itertools.chain.from_iterable(c.block_ids for c in copies),
+                          np.int64, total)
+        return cls(copies, np.fromiter((c.group for c in copies), np.int64, n),
+                   np.fromiter((c.first_block for c in copies), np.int64, n),
+                   counts, np.cumsum(counts) - counts, ids)
+
+    def shape_keys(self) -> np.ndarray:
+        """One integer per copy, equal for copies of one group and shape."""
+        span = int(max(self.firsts.max(), self.counts.max())) + 1
+        return (self.groups * span + self.firsts) * span + self.counts
+
+    def first_bad(self, views: Sequence[GroupView]) -> int | None:
+        """The first copy whose group, chunk positions or block ids are out of range."""
+        bad = (self.groups < 0) | (self.groups >= len(views))
+        group = np.where(bad, 0, self.groups)
+        per_slot = np.array([v.blocks_per_slot for v in views])[group]
+        blocks = np.array([v.num_blocks for v in views])[group]
+        bad |= self.firsts + self.counts > per_slot
+        bad |= np.maximum.reduceat(self.ids, self.starts) >= blocks
+        return int(np.argmax(bad)) if bad.any() else None
 
 
 def plan_job(
     views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy]
 ) -> list[Batch]:
     """Check every copy of a job and group it into batches (raises ``ValueError``)."""
-    slots = [_check_copy(views, i, c) for i, c in enumerate(copies)]
-    _check_distinct(views, direction, copies, slots)
-    pairs = sorted(
-        zip(copies, slots, strict=True),
-        key=lambda pair: (pair[0].group, _shape(pair[0]), pair[1].data_ptr()),
-    )
+    if not copies:
+        return []
+    table = _Table.of(copies)
+    bad = table.first_bad(views)
+    if bad is not None:
+        _check_copy(views, bad, copies[bad])
+    need = [v.chunk_bytes for v in views]
+    slots = [slot_tensor(c.slot, need[c.group], i) for i, c in enumerate(copies)]
+    ptrs = np.fromiter((s.data_ptr() for s in slots), np.int64, len(slots))
+    if direction == "store":
+        _check_slots_distinct(views, table, slots, ptrs)
+    else:
+        _check_blocks_distinct(views, table)
+    return _batches(views, table, slots, ptrs)
+
+
+def _batches(views: Sequence[GroupView], table: _Table, slots: Sequence[torch.Tensor],
+             ptrs: np.ndarray) -> list[Batch]:
+    keys = table.shape_keys()
+    order = np.lexsort((ptrs, keys))
+    edges = np.flatnonzero(np.diff(keys[order])) + 1
     batches = []
-    for (group, _), members in groupby(pairs, lambda pair: (pair[0].group, _shape(pair[0]))):
-        part = list(members)
-        batches.append(Batch(views[group], tuple(c for c, _ in part), tuple(s for _, s in part)))
+    for part in np.split(order, edges):
+        count = int(table.counts[part[0]])
+        ids = table.ids[table.starts[part][None, :] + np.arange(count)[:, None]]
+        batches.append(Batch(views[int(table.groups[part[0]])],
+                             tuple(table.copies[i] for i in part), tuple(slots[i] for i in part),
+                             np.ascontiguousarray(ids), ptrs[part]))
     return batches
 
 
-def _check_copy(views: Sequence[GroupView], i: int, copy: ChunkCopy) -> torch.Tensor:
+def _check_copy(views: Sequence[GroupView], i: int, copy: ChunkCopy) -> None:
     where = f"copy {i}"
-    if not isinstance(copy, ChunkCopy):
-        raise ValueError(f"{where}: expected a ChunkCopy, got {type(copy).__name__}")
     if not 0 <= copy.group < len(views):
         raise ValueError(f"{where}: group {copy.group} is not in the layout "
                          f"(it has {len(views)} groups)")
@@ -89,35 +147,46 @@ def _check_copy(views: Sequence[GroupView], i: int, copy: ChunkCopy) -> torch.Te
     if max(copy.block_ids) >= view.num_blocks:
         raise ValueError(f"{where}: block id {max(copy.block_ids)} is out of range; group "
                          f"{copy.group} has {view.num_blocks} blocks")
-    return slot_tensor(copy.slot, view.chunk_bytes, where)
 
 
-def _check_distinct(
-    views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy],
-    slots: Sequence[torch.Tensor],
-) -> None:
-    """A store writes each slot once; a load writes each engine block once."""
-    if direction == "store":
-        seen = _first_duplicate(_slot_ranges(views, copies, slots))
-        if seen is not None:
-            raise ValueError(f"store: copies {seen[0]} and {seen[1]} write overlapping slot bytes")
-        return
-    blocks = ((c.group, b) for c in copies for b in c.block_ids)
-    dup = _first_repeat(blocks)
-    if dup is not None:
+def _check_slots_distinct(views: Sequence[GroupView], table: _Table,
+                          slots: Sequence[torch.Tensor], ptrs: np.ndarray) -> None:
+    """A store writes each slot byte once."""
+    los, his = [], []
+    shapes = table.shape_keys()
+    for key in np.unique(shapes):
+        mine = shapes == key
+        i = int(np.argmax(mine))
+        view = views[int(table.groups[i])]
+        spans = np.array(view.byte_ranges(int(table.firsts[i]), int(table.counts[i])), np.int64)
+        los.append((ptrs[mine][:, None] + spans[:, 0]).ravel())
+        his.append((ptrs[mine][:, None] + spans[:, 1]).ravel())
+    lo, hi = np.concatenate(los), np.concatenate(his)
+    order = np.argsort(lo, kind="stable")
+    reach = np.maximum.accumulate(hi[order])  # ranges of one copy never overlap each other
+    if (lo[order][1:] < reach[:-1]).any():
+        seen = _first_duplicate(_slot_ranges(views, table.copies, slots))
+        assert seen is not None
+        raise ValueError(f"store: copies {seen[0]} and {seen[1]} write overlapping slot bytes")
+
+
+def _check_blocks_distinct(views: Sequence[GroupView], table: _Table) -> None:
+    """A load writes each engine block once."""
+    span = max(v.num_blocks for v in views)
+    keys = np.sort(np.repeat(table.groups, table.counts) * span + table.ids)
+    if (keys[1:] == keys[:-1]).any():
+        blocks = ((c.group, b) for c in table.copies for b in c.block_ids)
+        dup = _first_repeat(blocks)
+        assert dup is not None
         raise ValueError(f"load: engine block {dup[1]} of group {dup[0]} is written twice")
 
 
 def _slot_ranges(
     views: Sequence[GroupView], copies: Sequence[ChunkCopy], slots: Sequence[torch.Tensor]
 ) -> Iterator[tuple[int, int, int]]:
-    shapes: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
     for i, (c, s) in enumerate(zip(copies, slots, strict=True)):
-        key = (c.group, c.first_block, c.num_blocks)
-        if key not in shapes:
-            shapes[key] = views[c.group].byte_ranges(c.first_block, c.num_blocks)
         ptr = s.data_ptr()
-        for lo, hi in shapes[key]:
+        for lo, hi in views[c.group].byte_ranges(c.first_block, c.num_blocks):
             yield ptr + lo, ptr + hi, i
 
 

@@ -226,25 +226,29 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def slot_tensor(slot: Slot, need: int, where: str) -> torch.Tensor:
-    """A 1-D uint8 CPU tensor sharing ``slot``'s memory, at least ``need`` bytes long."""
+def slot_tensor(slot: Slot, need: int, index: int) -> torch.Tensor:
+    """A 1-D uint8 CPU tensor sharing ``slot``'s memory, at least ``need`` bytes long.
+
+    ``index`` (the copy's place in its job) only goes into error messages: ``copy 3: ...``.
+    """
     if isinstance(slot, np.ndarray):
         if slot.dtype != np.uint8 or slot.ndim != 1 or not slot.flags.c_contiguous:
-            raise ValueError(f"{where}: a numpy slot must be 1-D contiguous uint8, got "
+            raise ValueError(f"copy {index}: a numpy slot must be 1-D contiguous uint8, got "
                              f"{slot.dtype} with shape {slot.shape}")
         if not slot.flags.writeable:
-            raise ValueError(f"{where}: the numpy slot is read-only")
+            raise ValueError(f"copy {index}: the numpy slot is read-only")
         slot = torch.from_numpy(slot)
     if not isinstance(slot, torch.Tensor):
-        raise ValueError(f"{where}: a slot must be a torch tensor or numpy array, "
+        raise ValueError(f"copy {index}: a slot must be a torch tensor or numpy array, "
                          f"got {type(slot).__name__}")
-    if slot.dtype != torch.uint8 or slot.dim() != 1 or not slot.is_contiguous():
-        raise ValueError(f"{where}: a slot must be a 1-D contiguous uint8 tensor, got "
+    if slot.dtype is not torch.uint8 or slot.dim() != 1 or not slot.is_contiguous():
+        raise ValueError(f"copy {index}: a slot must be a 1-D contiguous uint8 tensor, got "
                          f"{slot.dtype} with shape {tuple(slot.shape)}")
-    if slot.device.type != "cpu":
-        raise ValueError(f"{where}: slots live in host memory, got a slot on {slot.device}")
+    if not slot.is_cpu:
+        raise ValueError(f"copy {index}: slots live in host memory, got a slot on {slot.device}")
     if slot.numel() < need:
-        raise ValueError(f"{where}: the slot holds {slot.numel()} bytes but the chunk needs {need}")
+        raise ValueError(f"copy {index}: the slot holds {slot.numel()} bytes but the chunk "
+                         f"needs {need}")
     return slot
 
 
