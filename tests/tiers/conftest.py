@@ -4,13 +4,12 @@ tier factories the contract suite runs against."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tier_helpers import GEOMETRY, SLOT, poll
+from tier_helpers import GEOMETRY, SLOT, free_port, poll
 
 from kvtier.store.disk import DiskTier
 from kvtier.store.lower import LowerTier
@@ -21,12 +20,6 @@ needs_redis = pytest.mark.skipif(
     REDIS_SERVER is None,
     reason="redis-server is not on PATH (CI installs Debian's redis-server package)",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

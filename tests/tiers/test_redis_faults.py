@@ -111,7 +111,7 @@ def test_a_paused_server_costs_one_timeout_not_a_stall(redis_server: RedisServer
 
 
 def test_an_unreachable_server_is_a_miss(tmp_path: Path) -> None:
-    from conftest import free_port
+    from tier_helpers import free_port
 
     tier = RedisTier(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2, clock=Clock())
     assert tier.get([key("a")]) == {} and tier.put(items("a")) == []
