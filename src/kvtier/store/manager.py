@@ -197,9 +197,17 @@ class ChunkStore:
 
     # ---- stores ------------------------------------------------------------------------
 
-    def prepare_store(self, keys: Iterable[ChunkKey]) -> StoreHandle | StoreRefusal:
-        """Reserve slots for the absent ``keys``, evicting if needed (module docstring)."""
+    def prepare_store(
+        self, keys: Iterable[ChunkKey], parents: Sequence[ChunkKey | None] | None = None
+    ) -> StoreHandle | StoreRefusal:
+        """Reserve slots for the absent ``keys``, evicting if needed (module docstring).
+
+        ``parents`` (optional, one per key): the key of the chunk before each key in the
+        same request and group, or None for a first chunk; a hint that prefix-aware
+        policies use to evict leaves before their ancestors (``on_insert_with_parents``).
+        """
         ks = checked_keys(keys)
+        hint = _parent_hint(ks, parents)
         if len(ks) > 1:
             ks = list(dict.fromkeys(ks))
         with self.lock:
@@ -215,7 +223,10 @@ class ChunkStore:
                 if refusal is not None:
                     return refusal
             hid = next(self._ids)
-            handle = StoreHandle(hid, tuple(new), self._reserve(new), skipped)
+            handle = StoreHandle(
+                hid, tuple(new), self._reserve(new), skipped,
+                tuple([hint[k] for k in new]) if hint else (),
+            )
             self._stores[hid] = handle
             return handle
 
@@ -225,7 +236,7 @@ class ChunkStore:
         with self.lock:
             _take(self._stores, handle, "store")
             if ok:
-                self._publish(handle.keys)
+                self._publish(handle.keys, handle.parents)
                 self._emit(EventKind.STORED, handle.keys, handle.slots)
             else:
                 self._abort(handle.keys)
@@ -275,10 +286,10 @@ class ChunkStore:
         self._writing.update(keys)
         return tuple(slots)
 
-    def _publish(self, keys: tuple[ChunkKey, ...]) -> None:
+    def _publish(self, keys: tuple[ChunkKey, ...], parents: tuple[ChunkKey | None, ...]) -> None:
         """writing -> ready."""
         self._writing.difference_update(keys)
-        self.policy.on_insert(keys)
+        self.policy.on_insert_with_parents(keys, parents)
 
     def _abort(self, keys: tuple[ChunkKey, ...]) -> None:
         """writing -> absent (a failed store): never visible."""
@@ -381,6 +392,20 @@ def _take(live: dict[int, LoadHandle] | dict[int, StoreHandle], handle: object, 
             f"this store (already completed, from another store, or not a {kind} handle)"
         )
     del live[hid]
+
+
+def _parent_hint(
+    ks: list[ChunkKey], parents: Sequence[ChunkKey | None] | None
+) -> dict[ChunkKey, ChunkKey | None] | None:
+    """``key -> parent`` from ``prepare_store``'s hint (None without one); ValueError if
+    the hint does not give one 40-byte key or None per key."""
+    if parents is None:
+        return None
+    ps = list(parents)
+    if len(ps) != len(ks):
+        raise ValueError(f"prepare_store: {len(ps)} parents for {len(ks)} keys; give one each")
+    checked_keys([p for p in ps if p is not None])
+    return dict(zip(ks, ps, strict=True))
 
 
 def _resolve_num_slots(num_slots: int | None, backend: SlotBackend | None) -> int:

@@ -71,6 +71,8 @@ class StoreHandle:
     keys: tuple[ChunkKey, ...]
     slots: tuple[int, ...]
     skipped: tuple[ChunkKey, ...]
+    parents: tuple[ChunkKey | None, ...] = ()
+    """The hinted parent of each of ``keys`` (``prepare_store(parents=...)``), or ``()``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,9 @@ A policy never counts slots, frees memory or decides *whether* to evict: the sto
 does all of that, in its one eviction loop. The manager tells the policy what happened,
 a batch of keys at a time (one request's keys, in request order):
 
-* ``on_insert(keys)``: the keys became readable (a store completed);
+* ``on_insert(keys)``: the keys became readable (a store completed); the manager calls
+  ``on_insert_with_parents(keys, parents)``, which prefix-aware policies override and the
+  others inherit (it calls ``on_insert``), with the parents its caller gave, if any;
 * ``on_access(keys)``: the keys were used (a load was prepared, or ``touch``);
 * ``on_remove(keys)``: the keys were removed on request (not evicted; no history kept);
 
@@ -45,6 +47,12 @@ class Policy(ABC):
     @abstractmethod
     def on_insert(self, keys: Keys) -> None:
         """``keys`` (distinct, not resident) became ready."""
+
+    def on_insert_with_parents(self, keys: Keys, parents: Sequence[Hashable | None]) -> None:
+        """``on_insert``, with a hint: ``parents[i]`` is the key of the chunk before
+        ``keys[i]`` (same request, same group), or None for a first chunk; ``()`` when the
+        caller gave none. Policies that ignore prefix structure inherit this."""
+        self.on_insert(keys)
 
     @abstractmethod
     def on_access(self, keys: Keys) -> None:
