@@ -80,6 +80,8 @@ class Planner:
         self._loading: Counter[ChunkKey] = Counter()  # keys in load jobs in flight
         self._fenced: dict[int, list[frozenset[int]]] = {}  # store job -> blocks per group
         self._cancelled: set[int] = set()
+        # coverage.store_blocks depends on (group, chunk) only: a pure cache of its answers
+        self._store_runs: dict[tuple[int, int], coverage.BlockRun] = {}
         self._ids = itertools.count(1)
 
     # ---- requests ----------------------------------------------------------------------
@@ -303,9 +305,12 @@ class Planner:
 
     def _store_pending(self, req: RequestState, block_table: BlockTable) -> TransferJob | None:
         live = []
+        runs, groups = self._store_runs, self.layout.groups
         for gi, chunk in req.pending:
-            run = coverage.store_blocks(self.layout, gi, chunk)
-            ids = store_block_ids(block_table, gi, self.layout.groups[gi], run)
+            run = runs.get((gi, chunk))
+            if run is None:
+                run = runs[(gi, chunk)] = coverage.store_blocks(self.layout, gi, chunk)
+            ids = store_block_ids(block_table, gi, groups[gi], run)
             if ids is not None:
                 live.append((gi, chunk, run.first_block, ids))
         req.pending = []
