@@ -14,9 +14,9 @@ lookup                 ``planner.add_request`` + ``planner.lookup`` (WAIT: see b
 on_allocated           ``planner.accept_hit`` -> ``submit_load`` (slot n -> ``view(n)``), or
                        ``planner.decline_hit`` for a hit of 0
 wait_loaded            wait for the load job -> ``planner.complete_load``; failed -> False
-on_computed            ``planner.append_tokens`` + ``planner.on_computed`` -> ``submit_store``;
-                       finished jobs are collected and completed in the planner
-before_free            ``planner.fence`` -> wait for those store jobs
+on_computed            ``planner.append_tokens`` + ``planner.on_computed`` -> a store job,
+                       batched (below); finished jobs are collected and completed
+before_free            ``planner.fence`` -> send those store jobs if batched, wait for them
 on_finished            ``planner.finish``
 =====================  ====================================================================
 
@@ -24,6 +24,13 @@ A job the data plane fails reaches the planner as ``ok=False``: a failed store f
 slots (the chunks never become visible), a failed load makes ``wait_loaded`` return False
 and the engine recomputes. Both are counted in ``metrics``; ``last_failure`` keeps the
 latest failed job's result, error included.
+
+Batching. Store jobs are sent to the data plane in batches, one transfer job per engine
+step: a request's store job waits in the batch until ``on_computed`` comes round to a
+request that already has one there (the engine began another step), or a fence, lookup,
+``drain`` or ``close`` needs it. In a decode step where many requests finish a chunk
+together, that is one hand-over to the data plane's thread instead of one per request.
+The batch's planner jobs succeed or fail together.
 
 WAIT. The planner answers WAIT when a larger hit needs chunks that are still being written
 or loaded. The reference engine has no scheduler that asks again later, so ``lookup``
@@ -119,8 +126,9 @@ class KvtierOffloader:
         self._transfer: TransferEngine | None = None
         self._session = 0
         self._live: dict[str, _Live] = {}
-        self._inflight: dict[int, TransferJob] = {}  # transfer job id -> planner job
-        self._transfer_id: dict[int, int] = {}  # planner job id -> transfer job id
+        self._batch: list[TransferJob] = []  # store jobs not sent to the data plane yet
+        self._inflight: dict[int, list[TransferJob]] = {}  # transfer job id -> planner jobs
+        self._transfer_id: dict[int, int] = {}  # planner job id -> transfer job id, once sent
 
     @classmethod
     def for_engine(
@@ -171,7 +179,7 @@ class KvtierOffloader:
             self.planner.decline_hit(pid)
             return
         job = self.planner.accept_hit(pid, block_tables)
-        self._live[pid].load_job = self._submit(job)
+        self._live[pid].load_job = self._send([job])
 
     def wait_loaded(self, request: Request) -> bool:
         """Wait for the hit's load; False when it failed (the engine recomputes)."""
@@ -191,15 +199,20 @@ class KvtierOffloader:
         if new:
             self.planner.append_tokens(live.planner_id, new)
             live.known_tokens += len(new)
+        if any(j.request_id == live.planner_id for j in self._batch):
+            self._flush()  # the engine came round again: send the last step's stores
         job = self.planner.on_computed(live.planner_id, num_computed_tokens, block_tables)
         if job is not None:
-            self._submit(job)
-        for result in self._engine().poll():
-            self._settle(result)
+            self._batch.append(job)
+        if self._inflight:
+            for result in self._engine().poll():
+                self._settle(result)
 
     def before_free(self, request: Request, block_ids: BlockIds) -> None:
         """Return once no store job still reads these blocks."""
         jobs = {j for g, ids in enumerate(block_ids) for j in self.planner.fence(g, ids)}
+        if any(j.id in jobs for j in self._batch):
+            self._flush()
         for planner_job in sorted(jobs):
             transfer_job = self._transfer_id.get(planner_job)
             if transfer_job is not None:
@@ -214,7 +227,8 @@ class KvtierOffloader:
     # ---- lifetime ------------------------------------------------------------------------
 
     def drain(self) -> None:
-        """Wait for every transfer job in flight and complete it in the planner."""
+        """Send batched stores, wait for every transfer job in flight, complete them."""
+        self._flush()
         for transfer_job in list(self._inflight):
             if transfer_job in self._inflight:
                 self._settle(self._engine().wait(transfer_job))
@@ -251,15 +265,22 @@ class KvtierOffloader:
         self.planner.reset()
         self._live.clear()
 
-    def _submit(self, job: TransferJob) -> int:
-        """Hand a planner job to the data plane: slot numbers become slot views."""
-        copies = [self._copy(c) for c in job.copies]
+    def _flush(self) -> None:
+        """Send the batched store jobs as one transfer job."""
+        if self._batch:
+            jobs, self._batch = self._batch, []
+            self._send(jobs)
+
+    def _send(self, jobs: list[TransferJob]) -> int:
+        """Hand planner jobs of one direction to the data plane as one transfer job; slot
+        numbers become slot views."""
+        copies = [self._copy(c) for job in jobs for c in job.copies]
         engine = self._engine()
-        transfer_job = (
-            engine.submit_load(copies) if job.direction == "load" else engine.submit_store(copies)
-        )
-        self._inflight[transfer_job] = job
-        self._transfer_id[job.id] = transfer_job
+        load = jobs[0].direction == "load"
+        transfer_job = engine.submit_load(copies) if load else engine.submit_store(copies)
+        self._inflight[transfer_job] = jobs
+        for job in jobs:
+            self._transfer_id[job.id] = transfer_job
         return transfer_job
 
     def _copy(self, c: PlannedCopy) -> ChunkCopy:
@@ -269,15 +290,18 @@ class KvtierOffloader:
         return ChunkCopy(c.group, self._backend.view(c.slot), c.block_ids, first)
 
     def _settle(self, result: JobResult) -> None:
-        """Complete a finished transfer job in the planner (failures included)."""
-        job = self._inflight.pop(result.job_id)
-        del self._transfer_id[job.id]
+        """Complete a finished transfer job's planner jobs (failures included)."""
         if not result.ok:
             self.last_failure = result
+        for job in self._inflight.pop(result.job_id):
+            del self._transfer_id[job.id]
+            self._complete(job, result.ok)
+
+    def _complete(self, job: TransferJob, ok: bool) -> None:
         if job.direction == "store":
-            self.planner.complete_store(job.id, result.ok)
+            self.planner.complete_store(job.id, ok)
             return
-        loaded = self.planner.complete_load(job.id, result.ok)
+        loaded = self.planner.complete_load(job.id, ok)
         live = self._live.get(job.request_id)
         if live is not None:
             live.load_ok = loaded is not None and loaded.ok
