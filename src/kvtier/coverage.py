@@ -356,3 +356,13 @@ def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:
     lo = max(keep.start, chunk * bpc)
     hi = (chunk + 1) * bpc
     return BlockRun(chunk, lo - chunk * bpc, max(0, hi - lo))
+
+
+def needs_predecessor(group: Group) -> bool:
+    """Whether every hit that needs a chunk of ``group`` also needs the chunk before it.
+
+    True when retained spans always start at token 0 (full attention): chunk ``c`` is
+    useless once chunk ``c - 1`` is gone, so a prefix-aware eviction policy may evict it
+    first. Example: full attention -> True; sliding window 128 -> False.
+    """
+    return group.kind == "full"

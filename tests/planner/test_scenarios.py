@@ -236,3 +236,30 @@ def test_planner_drives_any_store_of_the_protocol(tmp_path):
                      disk=DiskConfig(path=str(tmp_path), capacity="1MiB"))
     with TieredStore.from_config(cfg, layout) as tiered:
         assert isinstance(tiered, StoreProtocol)
+
+
+def test_stores_hint_each_full_attention_chunk_s_predecessor():
+    """Prefix-aware policies learn that a full-attention chunk is useless without the one
+    before it; sliding-window chunks carry no such hint."""
+    from kvtier.keys import KeyChain, Namespace
+    from kvtier.store import LRU, ChunkStore
+
+    seen: list[tuple[bytes, bytes | None]] = []
+
+    class Recording(LRU):
+        def on_insert_with_parents(self, keys, parents):
+            seen.extend(zip(keys, parents or [None] * len(keys), strict=True))
+            super().on_insert_with_parents(keys, parents)
+
+    layout = seed_layout(0)
+    h = Harness(layout)
+    h.store = ChunkStore(100, policy=Recording(100))
+    from kvtier.planner import Planner
+
+    h.planner = Planner(layout, h.store, Namespace("test"), clock=h.clock)
+    h.produce("p", list(range(65)))
+    chain = KeyChain(layout, Namespace("test"), range(65))
+    hints = dict(seen)
+    assert hints[chain.key(0, 0)] is None
+    assert hints[chain.key(0, 3)] == chain.key(0, 2)
+    assert all(hints[chain.key(1, c)] is None for c in range(4))

@@ -317,13 +317,23 @@ class Planner:
         if not live:
             return None
         keys = self._keys_of(req, [(gi, c) for gi, c, _, _ in live])
-        handle = self.store.prepare_store(keys)
+        handle = self.store.prepare_store(keys, self._parents(req, live))
         if isinstance(handle, StoreRefusal):
             self._count(req, "store_refusals")
             if handle.retryable:
                 req.pending = [(gi, c) for gi, c, _, _ in live]
             return None
         return self._store_job(req, handle, dict(zip(keys, live, strict=True)))
+
+    def _parents(
+        self, req: RequestState, live: list[tuple[int, int, int, tuple[int, ...]]]
+    ) -> list[ChunkKey | None]:
+        """The eviction hint: each chunk's predecessor, where a hit needs both."""
+        chain, groups = req.chain, self.layout.groups
+        return [
+            chain.key(gi, c - 1) if c and coverage.needs_predecessor(groups[gi]) else None
+            for gi, c, _, _ in live
+        ]
 
     @staticmethod
     def _keys_of(req: RequestState, chunks: list[tuple[int, int]]) -> list[ChunkKey]:

@@ -231,10 +231,13 @@ class TieredStore:
     def touch(self, keys: Iterable[ChunkKey]) -> int:
         return self.host.touch(keys)
 
-    def prepare_store(self, keys: Iterable[ChunkKey]) -> StoreHandle | StoreRefusal:
-        """Reserve host slots (evictions are written down under write-back)."""
+    def prepare_store(
+        self, keys: Iterable[ChunkKey], parents: Sequence[ChunkKey | None] | None = None
+    ) -> StoreHandle | StoreRefusal:
+        """Reserve host slots (evictions are written down under write-back); ``parents`` is
+        the host policy's prefix hint (``ChunkStore.prepare_store``)."""
         try:
-            return self.host.prepare_store(keys)
+            return self.host.prepare_store(keys, parents)
         finally:
             self._send_down()
 

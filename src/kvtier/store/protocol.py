@@ -7,7 +7,7 @@ satisfy it, so the planner drives either unchanged.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from kvtier.keys import ChunkKey
@@ -34,7 +34,9 @@ class StoreProtocol(Protocol):
 
     def complete_load(self, handle: LoadHandle) -> None: ...
 
-    def prepare_store(self, keys: Iterable[ChunkKey]) -> StoreHandle | StoreRefusal: ...
+    def prepare_store(
+        self, keys: Iterable[ChunkKey], parents: Sequence[ChunkKey | None] | None = None
+    ) -> StoreHandle | StoreRefusal: ...
 
     def complete_store(self, handle: StoreHandle, ok: bool) -> None: ...
 
