@@ -1,3 +1,5 @@
+import gc
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -17,3 +19,13 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def no_data_plane_threads_left() -> Iterator[None]:
+    """An offloader a test dropped stops its threads when collected (``weakref.finalize``);
+    one caught in a reference cycle is collected here, so later suites that count the data
+    plane's threads start clean."""
+    yield
+    if any(t.name.startswith("kvtier-") for t in threading.enumerate()):
+        gc.collect()

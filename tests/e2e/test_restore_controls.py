@@ -138,3 +138,17 @@ def test_a_lookup_that_must_wait_completes_the_stores_in_flight() -> None:
         torch.stack(engine.get_request(second).output_logits),
         torch.stack(engine.get_request(first).output_logits), rtol=1e-5, atol=1e-5,
     )
+
+
+def kvtier_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("kvtier-")}
+
+
+def test_an_offloader_dropped_without_close_stops_its_threads() -> None:
+    before = kvtier_threads()
+    config = LAYOUTS["full"]()
+    engine = Engine(config, KvtierOffloader.for_engine(config, host_bytes=HOST_BYTES))
+    run(engine, [prompt(20)])
+    assert sorted(t.name for t in kvtier_threads() - before) == ["kvtier-load", "kvtier-store"]
+    del engine  # the only reference to the offloader
+    assert kvtier_threads() == before

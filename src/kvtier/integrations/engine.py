@@ -57,6 +57,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -124,6 +125,7 @@ class KvtierOffloader:
         self._backend: ZeroCopyBackend = store.backend
         self._fault, self._staging_bytes = fault, staging_bytes
         self._transfer: TransferEngine | None = None
+        self._finalizer: weakref.finalize[[], KvtierOffloader] | None = None
         self._session = 0
         self._live: dict[str, _Live] = {}
         self._batch: list[TransferJob] = []  # store jobs not sent to the data plane yet
@@ -157,6 +159,8 @@ class KvtierOffloader:
         self._transfer = TransferEngine(
             self.layout, kv, fault=self._fault, staging_bytes=self._staging_bytes
         )
+        # An offloader dropped without close() must not leave the data plane's threads behind.
+        self._finalizer = weakref.finalize(self, self._transfer.close)
         self._session += 1
 
     def lookup(self, request: Request) -> int:
@@ -260,6 +264,8 @@ class KvtierOffloader:
         if self._transfer is None:
             return
         self.drain()
+        if self._finalizer is not None:
+            self._finalizer.detach()
         self._transfer.close()
         self._transfer = None
         self.planner.reset()
