@@ -11,12 +11,16 @@ Per turn it prints the time to first token of both, the tokens restored, the byt
 loaded and stored, and whether the warm answer equals the cold one (same tokens, logits
 within fp32 rounding). The exit status is 1 if any turn differs.
 
-Example (numbers vary by machine)::
+Example (a 2-core CPU; times vary from run to run)::
 
-    $ kvtier demo --turns 3 --layout hybrid
+    $ kvtier demo
     turn  prompt  hit  cold TTFT  warm TTFT  speedup  loaded     stored     identical
-    1     96      0    40.1 ms    41.0 ms    0.98x    0 B        ...        yes
-    2     208     192  86.3 ms    12.2 ms    7.07x    ...
+    1     96      0    14.1 ms    25.6 ms    0.55x    0 B        192.0 KiB  yes
+    2     208     96   31.4 ms    21.9 ms    1.43x    144.0 KiB  224.0 KiB  yes
+    3     320     208  46.1 ms    27.3 ms    1.69x    256.0 KiB  224.0 KiB  yes
+    4     432     320  76.2 ms    29.2 ms    2.61x    368.0 KiB  224.0 KiB  yes
+
+On turn 1 nothing is stored yet, so the warm run pays for storing and gains nothing.
 
 Needs the ``torch`` extra; without it the command says so and exits with status 2.
 """
