@@ -72,3 +72,21 @@ def test_demo_without_torch_says_which_extra_to_install(capsys, monkeypatch):
     code, out, err = run(capsys, "demo", "--turns", "1")
     assert code == 2 and out == ""
     assert "needs torch" in err and "kvtier[torch]" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("spec", "extra"), [("mtp", []), ("eagle", ["--spec-tokens", "3"]),
+                                             ("mtp", ["--force-rejections"])])
+def test_demo_reports_acceptance_equal_cold_and_warm(capsys, spec: str, extra: list[str]):
+    pytest.importorskip("torch")
+    code = main(["demo", "--json", "--turns", "2", "--user-tokens", "40", "--tokens", "12",
+                 "--layout", "mtp", "--speculative", spec, *extra])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["speculative"] == spec
+    last = report["turns"][-1]
+    assert last["hit_tokens"] > 0 and last["identical"]
+    assert last["warm_drafted"] > 0
+    for key in ("drafted", "accepted", "rejected"):
+        assert last[f"warm_{key}"] == last[f"cold_{key}"]
+    assert last["warm_drafted"] == last["warm_accepted"] + last["warm_rejected"]
+    if "--force-rejections" in extra:
+        assert last["warm_accepted"] == 0

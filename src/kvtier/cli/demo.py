@@ -115,7 +115,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=1, metavar="N",
                         help="torch intra-op threads (default 1: the model is small, and on a "
                              "busy machine idle threads spin)")
+    parser.add_argument("--speculative", choices=["none", "mtp", "eagle"], default="none",
+                        help="speculative decoding: multi-module MTP or EAGLE draft layers "
+                             "(default none); adds acceptance columns")
+    parser.add_argument("--spec-tokens", type=positive_int, default=4, metavar="K",
+                        help="draft tokens verified per step (default 4; MTP keeps E = K - 1)")
+    parser.add_argument("--mtp-modules", type=positive_int, default=2, metavar="M",
+                        help="MTP draft modules (default 2)")
+    parser.add_argument("--force-rejections", action="store_true",
+                        help="replace every draft by a wrong token (drives the rejection path)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def speculative_from_args(args: argparse.Namespace) -> Any:
+    """The engine's ``SpeculativeConfig`` for ``--speculative``, or None."""
+    if args.speculative == "none":
+        return None
+    from kvtier.engine.spec_config import SpeculativeConfig
+
+    modules = args.mtp_modules if args.speculative == "mtp" else 1
+    try:
+        return SpeculativeConfig(args.speculative, args.spec_tokens, modules,
+                                 force_rejections=args.force_rejections)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _require_torch() -> None:
@@ -128,7 +151,7 @@ def _require_torch() -> None:
         ) from None
 
 
-def demo_config(layout: str, seed: int, max_tokens: int) -> EngineConfig:
+def demo_config(layout: str, seed: int, max_tokens: int, speculative: Any = None) -> EngineConfig:
     """The engine config of a named layout, with blocks for a ``max_tokens`` conversation.
 
     Example: ``demo_config("hybrid", 0, 500)`` has 33 blocks of 16 tokens per group.
@@ -136,11 +159,13 @@ def demo_config(layout: str, seed: int, max_tokens: int) -> EngineConfig:
     from kvtier.engine import EngineConfig
 
     groups = LAYOUTS[layout].groups()
+    if speculative is not None:
+        max_tokens += speculative.num_speculative_tokens + 16  # drafts and the hidden tail
     smallest = min(g.tokens_per_block for g in groups)
     return EngineConfig(
         groups=groups, hidden_size=256, num_heads=8, num_kv_heads=2, head_dim=32,
         intermediate_size=768, seed=seed, num_blocks=-(-max_tokens // smallest) + 1,
-        max_prefill_tokens=64, max_running=1,
+        max_prefill_tokens=64, max_running=1, speculative=speculative,
     )
 
 
@@ -181,7 +206,8 @@ def converse(args: argparse.Namespace) -> dict[str, Any]:
             f"the conversation would reach {total} tokens; keep turns x (user tokens + "
             f"tokens) <= {MAX_CONVERSATION_TOKENS}"
         )
-    config = demo_config(args.layout, args.seed, total)
+    speculative = speculative_from_args(args)
+    config = demo_config(args.layout, args.seed, total, speculative)
     try:
         offloader = KvtierOffloader.for_engine(config, host_bytes=args.host_bytes)
     except ValueError as e:
@@ -196,7 +222,8 @@ def converse(args: argparse.Namespace) -> dict[str, Any]:
             turns = _turns(args, cold_engine, warm_engine, offloader)
     finally:
         torch.set_num_threads(threads)
-    return {"layout": args.layout, "model": config.model_id, "turns": turns}
+    return {"layout": args.layout, "model": config.model_id,
+            "speculative": args.speculative, "turns": turns}
 
 
 def _turns(args: argparse.Namespace, cold_engine: Engine, warm_engine: Engine,
@@ -217,9 +244,16 @@ def _turns(args: argparse.Namespace, cold_engine: Engine, warm_engine: Engine,
             "identical": same_generation(warm, cold),
             "ttft_cold_s": ttft_cold, "ttft_warm_s": ttft_warm,
             "bytes_loaded": after[0] - before[0], "bytes_stored": after[1] - before[1],
+            **_acceptance("cold", cold), **_acceptance("warm", warm),
         })
         history = prompt + list(cold.output_token_ids)
     return turns
+
+
+def _acceptance(run: str, c: Completion) -> dict[str, Any]:
+    """Drafted, accepted and rejected tokens of one run, and its acceptance rate."""
+    return {f"{run}_drafted": c.num_drafted_tokens, f"{run}_accepted": c.num_accepted_tokens,
+            f"{run}_rejected": c.num_rejected_tokens, f"{run}_acceptance": c.acceptance_rate}
 
 
 def _moved(offloader: KvtierOffloader) -> tuple[int, int]:
@@ -237,6 +271,11 @@ def render(report: dict[str, Any]) -> str:
     ]
     headers = ["turn", "prompt", "hit", "cold TTFT", "warm TTFT", "speedup", "loaded",
                "stored", "identical"]
+    if report.get("speculative", "none") != "none":
+        headers += ["drafted", "accepted cold/warm", "rejected warm"]
+        for row, t in zip(rows, report["turns"], strict=True):
+            row += [t["warm_drafted"], f"{t['cold_acceptance']:.2f}/{t['warm_acceptance']:.2f}",
+                    t["warm_rejected"]]
     head = (f"layout {report['layout']} ({LAYOUTS[report['layout']].help}), "
             f"model {report['model']}")
     return head + "\n\n" + table(headers, rows)
