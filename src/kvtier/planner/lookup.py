@@ -74,12 +74,16 @@ def hit_keys(
 
 def needed_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> list[ChunkRanges]:
     """Per group, every chunk some candidate boundary would load."""
+    per_b = _load_ranges(layout, candidates, on_device)
     return [
-        ChunkRanges.of(
-            (r.start, r.stop) for b in candidates if (r := coverage.load_chunks(g, b, on_device))
-        )
-        for g in layout.groups
+        ChunkRanges.of((r.start, r.stop) for rs in per_b if (r := rs[gi]))
+        for gi in range(len(layout.groups))
     ]
+
+
+def _load_ranges(layout: Layout, candidates: Sequence[int], on_device: int) -> list[list[range]]:
+    """``coverage.load_chunks`` of every group, per candidate boundary."""
+    return [[coverage.load_chunks(g, b, on_device) for g in layout.groups] for b in candidates]
 
 
 def assess(
@@ -88,29 +92,41 @@ def assess(
     candidates: Sequence[int],
     on_device: int,
     states: Callable[[list[ChunkKey]], list[ChunkState]],
-    loading_elsewhere: Callable[[ChunkKey], bool],
+    loading_elsewhere: Callable[[ChunkKey], bool] | None,
 ) -> tuple[Availability, list[dict[int, ChunkKey]]]:
     """Classify every needed chunk and find the best boundary of each kind.
 
     Returns the availability and, per group, the key of every needed chunk.
     """
-    needed = needed_chunks(layout, candidates, on_device)
+    per_b = _load_ranges(layout, candidates, on_device)
     keys: list[dict[int, ChunkKey]] = []
     flags: list[tuple[list[int], ...]] = []
-    for gi, chunks in enumerate(needed):
-        idx = list(chunks)
+    for gi in range(len(layout.groups)):
+        idx = list(ChunkRanges.of((r.start, r.stop) for rs in per_b if (r := rs[gi])))
         ks = chain.keys(gi, idx)
         keys.append(dict(zip(idx, ks, strict=True)))
-        top = (idx[-1] + 1) if idx else 0
-        ready, readable, soon = [0] * top, [0] * top, [0] * top
-        for c, k, st in zip(idx, ks, states(ks), strict=True):
-            other = loading_elsewhere(k)
-            readable[c] = int(st.readable)
-            ready[c] = int(st.readable and not other)
-            soon[c] = int(st.readable or st is ChunkState.WRITING or other)
-        flags.append((_prefix(ready), _prefix(readable), _prefix(soon)))
-    best = [_best(layout, candidates, on_device, flags, i) for i in range(3)]
+        flags.append(_classify(idx, ks, states(ks), loading_elsewhere))
+    best = [_best(candidates, per_b, flags, which, on_device) for which in range(3)]
     return Availability(*best), keys
+
+
+_READY, _PINNED, _WRITING = ChunkState.READY, ChunkState.PINNED, ChunkState.WRITING
+
+
+def _classify(
+    idx: list[int], ks: list[ChunkKey], found: list[ChunkState],
+    loading_elsewhere: Callable[[ChunkKey], bool] | None,
+) -> tuple[list[int], ...]:
+    """Prefix sums of (ready, readable, soon) flags over chunk indices."""
+    top = (idx[-1] + 1) if idx else 0
+    ready, readable, soon = [0] * top, [0] * top, [0] * top
+    for c, k, st in zip(idx, ks, found, strict=True):
+        other = loading_elsewhere is not None and loading_elsewhere(k)
+        ok = st is _READY or st is _PINNED
+        readable[c] = ok
+        ready[c] = ok and not other
+        soon[c] = ok or other or st is _WRITING
+    return _prefix(ready), _prefix(readable), _prefix(soon)
 
 
 def _prefix(flags: list[int]) -> list[int]:
@@ -118,17 +134,11 @@ def _prefix(flags: list[int]) -> list[int]:
 
 
 def _best(
-    layout: Layout,
-    candidates: Sequence[int],
-    on_device: int,
-    flags: list[tuple[list[int], ...]],
-    which: int,
+    candidates: Sequence[int], per_b: list[list[range]], flags: list[tuple[list[int], ...]],
+    which: int, on_device: int,
 ) -> int:
-    for b in candidates:
-        if all(
-            _all_set(flags[gi][which], coverage.load_chunks(g, b, on_device))
-            for gi, g in enumerate(layout.groups)
-        ):
+    for b, ranges in zip(candidates, per_b, strict=True):
+        if all(_all_set(flags[gi][which], r) for gi, r in enumerate(ranges)):
             return b
     return on_device
 

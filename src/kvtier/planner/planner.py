@@ -151,7 +151,8 @@ class Planner:
         if fast is not None:
             return self._pin_hit(req, candidates[0], on_device, fast)
         avail, keys = assess(
-            self.layout, req.chain, candidates, on_device, self.store.lookup, loading
+            self.layout, req.chain, candidates, on_device, self.store.lookup,
+            loading if self._loading else None,
         )
         best = avail.best_ready
         if avail.best_soon > best:
