@@ -7,9 +7,10 @@ when the lookup admitted it. At quiescence nothing is left pinned, fenced or in 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -17,7 +18,9 @@ from kvtier import coverage
 from kvtier.keys import KeyChain, Namespace
 from kvtier.layout import Group, Layout
 from kvtier.planner import Outcome, Planner
+from kvtier.planner.lookup import candidate_boundaries, common_chunks
 from kvtier.store import ChunkStore, EventKind
+from strategies import layouts
 
 LAYOUTS = [
     Layout((Group("full", 16), Group("sliding_window", 16, window=32, extra_retained=3))),
@@ -166,3 +169,19 @@ class PlannerMachine(RuleBasedStateMachine):
 
 PlannerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
 TestPlannerInterleavings = PlannerMachine.TestCase
+
+
+@settings(max_examples=300)
+@given(layouts(), st.integers(1, 300), st.data())
+def test_common_chunks_are_loaded_by_every_candidate(layout, prompt, data) -> None:
+    """The miss shortcut relies on load ranges only growing with the boundary."""
+    on_device_tokens = data.draw(st.integers(0, prompt))
+    tpb = math.lcm(*(g.tokens_per_block for g in layout.groups))
+    on_device = on_device_tokens // tpb * tpb
+    candidates = candidate_boundaries(layout, prompt, on_device, None)
+    if not candidates:
+        return
+    for g, common in zip(layout.groups, common_chunks(layout, candidates, on_device),
+                         strict=True):
+        for b in candidates:
+            assert set(common) <= set(coverage.load_chunks(g, b, on_device))

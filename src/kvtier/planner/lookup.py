@@ -72,6 +72,23 @@ def hit_keys(
             for gi, g in enumerate(layout.groups)]
 
 
+def common_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> list[range]:
+    """Per group, chunks every candidate boundary loads (``candidates`` largest first).
+
+    For groups where a chunk is needed only with its predecessor (full attention), load
+    ranges are prefixes past ``on_device`` that only grow with the boundary: the chunks
+    common to all candidates are the smallest candidate's. If one of them can never be
+    had, no candidate can, and the lookup is a miss at once. Other groups answer an empty
+    range (their ranges may be empty at some boundaries: chunked local attention).
+    Example: full attention, 16-token chunks, candidates 64..16, nothing on device: chunk 0.
+    """
+    bottom = candidates[-1]
+    return [
+        coverage.load_chunks(g, bottom, on_device) if coverage.needs_predecessor(g) else range(0)
+        for g in layout.groups
+    ]
+
+
 def needed_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> list[ChunkRanges]:
     """Per group, every chunk some candidate boundary would load."""
     per_b = _load_ranges(layout, candidates, on_device)

@@ -34,7 +34,13 @@ from kvtier import coverage
 from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
-from kvtier.planner.lookup import assess, candidate_boundaries, hit_keys, ready_at
+from kvtier.planner.lookup import (
+    assess,
+    candidate_boundaries,
+    common_chunks,
+    hit_keys,
+    ready_at,
+)
 from kvtier.planner.requests import PendingHit, RequestState, load_block_ids, store_block_ids
 from kvtier.planner.types import (
     ChunkCopy,
@@ -46,7 +52,7 @@ from kvtier.planner.types import (
     TransferJob,
 )
 from kvtier.store.protocol import StoreProtocol
-from kvtier.store.results import LoadHandle, StoreHandle, StoreRefusal
+from kvtier.store.results import ChunkState, LoadHandle, StoreHandle, StoreRefusal
 
 BlockTable = Sequence[Sequence[int | None]]
 
@@ -150,6 +156,8 @@ class Planner:
                         loading if self._loading else None)
         if fast is not None:
             return self._pin_hit(req, candidates[0], on_device, fast)
+        if self._hopeless(req, candidates, on_device):
+            return Lookup(Outcome.MISS, on_device)
         avail, keys = assess(
             self.layout, req.chain, candidates, on_device, self.store.lookup,
             loading if self._loading else None,
@@ -168,6 +176,14 @@ class Planner:
         if best <= on_device:
             return Lookup(Outcome.MISS, on_device)
         return self._pin_hit(req, best, on_device, hit_keys(self.layout, keys, best, on_device))
+
+    def _hopeless(self, req: RequestState, candidates: list[int], on_device: int) -> bool:
+        """Whether a chunk every candidate needs is absent and not being written: a miss
+        without classifying every chunk of every candidate (a new prompt's usual case)."""
+        for gi, chunks in enumerate(common_chunks(self.layout, candidates, on_device)):
+            if chunks and ChunkState.ABSENT in self.store.lookup(req.chain.keys(gi, chunks)):
+                return True
+        return False
 
     def _loading_elsewhere(self, key: ChunkKey) -> bool:
         return self._loading[key] > 0 if self._loading else False
