@@ -19,11 +19,17 @@ Each resident chunk has a score; the lowest is evicted first::
 often the key was seen in the sketch's window (10 x capacity uses, then halved). The
 parent is the hinted one (``on_insert_with_parents``), else the previous key of the batch.
 
-``beta`` (0 .. 8) adapts as ARC's target does: a ghost queue remembers ``capacity``
-recently evicted keys and whether they were frequent (``f >= 2``). A miss on a ghost that
+``beta`` (0 .. 8) adapts as ARC's target does: a ghost filter (``GhostFilter``, a few
+bits a key) remembers at least the last ``capacity`` evicted keys and whether they were
+frequent (``f >= 2``). A miss on a ghost that
 was evicted infrequent says recency was short: ``beta`` drops; a miss on a frequent ghost
 says frequency was undervalued: ``beta`` rises; each step scaled by the other ghost kind's
 share, as in ARC. It starts at 0, where ``pfreq`` is LRU with tail-first eviction.
+
+Storage, sized for the store's 256-byte budget per resident chunk: each resident key
+holds a slot of a ``SlotTable`` (no dict); scores live in an ``array`` by slot; the heap
+is a list of packed ints ``score << shift | slot`` (stale when the slot's score has
+changed since; rebuilt once stale entries reach a quarter of the keys).
 
 Worked example (capacity 4, beta 0): a request stores a b c (a parent of b, b of c);
 scores 1, 0, -1 (clamped below each parent). ``victims(1)`` is ``c``, the tail, though LRU
@@ -37,10 +43,12 @@ would take ``a``, the head, and leave b and c unusable.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Hashable, Iterator, Sequence
+from array import array
+from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
 
 from kvtier.store.policies.base import Keys, Policy
-from kvtier.store.policies.queue import KeyQueue
+from kvtier.store.policies.ghost import GhostFilter
+from kvtier.store.policies.slots import SlotTable
 
 BONUS = (0, 0, 1, 4)
 """Bonus per ``min(f, 3)``, in units of ``beta * capacity`` clock ticks."""
@@ -67,26 +75,35 @@ class FrequencySketch:
         self._window = SKETCH_WINDOW * capacity
         self._added = 0
 
-    def _cells(self, key: Hashable) -> tuple[int, int]:
-        h = hash(key)
-        return h & self._mask, self._mask + 1 + ((h >> 20) & self._mask)
-
     def estimate(self, key: Hashable) -> int:
-        i, j = self._cells(key)
-        return min(self._counts[i], self._counts[j])
+        h, mask, counts = hash(key), self._mask, self._counts
+        return min(counts[h & mask], counts[mask + 1 + ((h >> 20) & mask)])
 
     def add(self, key: Hashable) -> int:
         """Count one use of ``key``; its estimate after counting."""
-        counts = self._counts
-        i, j = self._cells(key)
-        f = min(counts[i], counts[j]) + 1
-        if f <= 15:  # conservative update: raise only the cells below the new estimate
-            counts[i], counts[j] = max(counts[i], f), max(counts[j], f)
-        self._added += 1
-        if self._added >= self._window:
-            self._added = 0
-            self._counts = counts.translate(_HALVE)
-        return min(f, 15)
+        return self.add_all((key,))[0]
+
+    def add_all(self, keys: Iterable[Hashable]) -> list[int]:
+        """Count one use of each key, in order; their estimates after counting."""
+        counts, mask, out = self._counts, self._mask, []
+        for key in keys:
+            h = hash(key)
+            i, j = h & mask, mask + 1 + ((h >> 20) & mask)
+            ci, cj = counts[i], counts[j]
+            f = (ci if ci < cj else cj) + 1
+            if f <= 15:  # conservative update: raise only the cells below the new estimate
+                if ci < f:
+                    counts[i] = f
+                if cj < f:
+                    counts[j] = f
+            else:
+                f = 15
+            out.append(f)
+            self._added += 1
+            if self._added >= self._window:
+                self._added = 0
+                counts = self._counts = counts.translate(_HALVE)
+        return out
 
 
 class PrefixFrequency(Policy):
@@ -98,11 +115,12 @@ class PrefixFrequency(Policy):
         super().__init__(capacity)
         self.beta = 0.0
         """The current weight of frequency against recency (0 .. ``MAX_BETA``)."""
-        self._score: dict[Hashable, int] = {}
-        self._heap: list[tuple[int, Hashable]] = []  # (score, key); stale when score differs
+        self._table = SlotTable(capacity)  # resident key <-> slot
+        self._score = array("q", bytes(8 * capacity))  # score by slot
+        self._shift = capacity.bit_length()
+        self._heap: list[int] = []  # score << shift | slot; stale unless it is that slot's
         self._sketch = FrequencySketch(capacity)
-        self._ghosts = KeyQueue()  # evicted keys; value 1 if evicted frequent
-        self._ghost_kinds = [0, 0]
+        self._ghosts = GhostFilter(capacity)  # evicted keys; marked if evicted frequent
         self._clock = 0
 
     # ---- notifications -----------------------------------------------------------------
@@ -111,45 +129,56 @@ class PrefixFrequency(Policy):
         self.on_insert_with_parents(keys, ())
 
     def on_insert_with_parents(self, keys: Keys, parents: Sequence[Hashable | None]) -> None:
-        ghosts = self._ghosts
-        if ghosts:
-            for k in keys:
-                if k in ghosts:
-                    kind = ghosts.value(k)
-                    ghosts.remove(k)
-                    self._adapt(kind)
-        self._use(keys, parents)
+        if len(self._ghosts):
+            for _, kind in self._ghosts.pop_all(keys):
+                self._adapt(kind)
+        self._use(keys, list(map(self._table.add, keys)), parents)
 
     def on_access(self, keys: Keys) -> None:
-        self._use(keys, ())
+        self._use(keys, list(map(self._table.find, keys)), ())
 
     def on_remove(self, keys: Keys) -> None:
+        table = self._table
         for k in keys:
-            del self._score[k]
+            slot = table.find(k)
+            assert slot is not None, k
+            table.remove_slot(slot)
 
-    def _use(self, keys: Keys, parents: Sequence[Hashable | None]) -> None:
+    def _use(self, keys: Keys, slots: list[int | None], parents: Sequence[Hashable | None]) -> None:
         """Score each key: recency plus its frequency bonus, capped below its parent."""
-        score, heap, add = self._score, self._heap, self._sketch.add
-        unit = self.beta * self.capacity
-        clock, prev = self._clock, None
+        score, heap, find = self._score, self._heap, self._table.find
+        freqs = self._sketch.add_all(keys)
+        unit, shift = self.beta * self.capacity, self._shift
+        clock, prev, prev_slot = self._clock, None, None
         for i, k in enumerate(keys):
             clock += 1
-            s = clock + int(unit * BONUS[min(add(k), 3)])
-            parent_score = score.get(parents[i] if parents else prev)
-            if parent_score is not None and s >= parent_score:
-                s = parent_score - 1
-            score[k] = s
-            heapq.heappush(heap, (s, k))
-            prev = k
+            s = clock + int(unit * BONUS[min(freqs[i], 3)])
+            parent = parents[i] if parents else prev
+            if parent is prev:
+                parent_slot = prev_slot
+            else:
+                parent_slot = None if parent is None else find(parent)
+            if parent_slot is not None and s >= score[parent_slot]:
+                s = score[parent_slot] - 1
+            slot = slots[i]
+            assert slot is not None, k
+            score[slot] = s
+            heapq.heappush(heap, s << shift | slot)
+            prev, prev_slot = k, slot
         self._clock = clock
-        if len(heap) > len(score) + (len(score) >> 2) + 64:  # at most 1.25 entries a key
-            self._heap = [(s, k) for k, s in score.items()]
-            heapq.heapify(self._heap)
+        live = len(self._table)
+        if len(heap) > live + (live >> 2) + 64:  # at most 1.25 entries a key
+            self._rebuild_heap()
+
+    def _rebuild_heap(self) -> None:
+        score, shift = self._score, self._shift
+        keys = self._table.keys
+        self._heap = [score[s] << shift | s for s, k in enumerate(keys) if k is not None]
+        heapq.heapify(self._heap)
 
     def _adapt(self, kind: int) -> None:
         """A miss on a ghost of ``kind`` (1: evicted frequent): move beta as ARC moves p."""
-        self._ghost_kinds[kind] -= 1
-        rare, frequent = self._ghost_kinds
+        rare, frequent = self._ghosts.counts()
         step = MAX_BETA / (4 * self.capacity)
         if kind:
             self.beta = min(MAX_BETA, self.beta + step * max(1.0, rare / max(1, frequent)))
@@ -159,44 +188,41 @@ class PrefixFrequency(Policy):
     # ---- queries and victims -----------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._score)
+        return len(self._table)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._score
+        return key in self._table
 
     def resident(self) -> Iterator[Hashable]:
-        return iter(self._score)
+        return iter(self._table)
 
     def _select(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
-        score, heap = self._score, self._heap
+        score, heap, table, keys = self._score, self._heap, self._table, self._table.keys
+        shift, slot_mask = self._shift, (1 << self._shift) - 1
         chosen: list[Hashable] = []
-        passed: list[tuple[int, Hashable]] = []
+        passed: list[int] = []
         while len(chosen) < n:
             entry = heapq.heappop(heap)
-            k = entry[1]
-            if score.get(k) != entry[0]:
+            slot = entry & slot_mask
+            k = keys[slot]
+            if k is None or score[slot] != entry >> shift:
                 continue  # stale: used again, evicted or removed since
             if k in protected:
                 passed.append(entry)
                 continue
-            del score[k]
+            table.remove_slot(slot)
             chosen.append(k)
-            self._remember(k)
         for entry in passed:
             heapq.heappush(heap, entry)
+        estimate = self._sketch.estimate
+        self._ghosts.add_all(chosen, [int(estimate(k) >= 2) for k in chosen])
         return chosen
-
-    def _remember(self, key: Hashable) -> None:
-        kind = int(self._sketch.estimate(key) >= 2)
-        self._ghosts.push((key,), kind)
-        self._ghost_kinds[kind] += 1
-        if len(self._ghosts) > self.capacity:
-            self._ghost_kinds[self._ghosts.pop_oldest()[1]] -= 1
 
     def check_invariants(self) -> None:
         super().check_invariants()
-        live = {k for s, k in self._heap if self._score.get(k) == s}
-        if live != self._score.keys():
+        self._table.check_invariants()
+        self._ghosts.check_invariants()
+        keys, mask = self._table.keys, (1 << self._shift) - 1
+        live = {e & mask for e in self._heap if self._score[e & mask] == e >> self._shift}
+        if any(k is not None and s not in live for s, k in enumerate(keys)):
             raise AssertionError("pfreq: a resident key has no live heap entry")
-        if sum(self._ghost_kinds) != len(self._ghosts) or min(self._ghost_kinds) < 0:
-            raise AssertionError("pfreq: ghost counts disagree with the ghost queue")

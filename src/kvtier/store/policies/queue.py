@@ -93,11 +93,15 @@ class KeyQueue:
         return others
 
     def take(self, keys: Iterable[Hashable]) -> list[Hashable]:
-        """Remove the live ``keys`` found here and return them; others are ignored."""
+        """Remove the live ``keys`` found here and return them (a repeated key once);
+        others are ignored."""
         state = self._state
-        found = [k for k in keys if state.get(k, 0) & LIVE]
-        for k in found:
-            state[k] &= ~(LIVE | VALUE)
+        found = []
+        for k in keys:
+            st = state.get(k, 0)
+            if st & LIVE:
+                state[k] = st & ~(LIVE | VALUE)
+                found.append(k)
         self._live -= len(found)
         if found:
             self._maybe_compact()

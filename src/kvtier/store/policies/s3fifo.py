@@ -7,7 +7,8 @@ else from ``M``:
 
 * from ``S``: the oldest key moves to ``M`` (count reset to 0) if it was accessed at least
   ``move_to_main_at`` times while in ``S``; otherwise it is evicted and its key enters the
-  ghost queue ``G`` (which remembers as many keys as ``M``'s share of the capacity);
+  ghost ``G``: a ``GhostFilter`` remembering, in a few bits each, at least the last ``g``
+  keys evicted from ``S`` (``g``: ``M``'s share of the capacity) and at most ``2 g``;
 * from ``M``: the oldest key with count > 0 is reinserted at the new end with count - 1;
   the first with count 0 is evicted.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable, Iterator
 
 from kvtier.store.policies.base import Keys, Policy, count_in
+from kvtier.store.policies.ghost import GhostFilter
 from kvtier.store.policies.queue import KeyQueue
 
 MAX_FREQ = 3
@@ -47,10 +49,11 @@ class S3FIFO(Policy):
         self._small_target = small_ratio * capacity
         self._ghost_capacity = max(1, capacity - int(self._small_target))
         self._move_at = move_to_main_at
-        self._small, self._main, self._ghost = KeyQueue(), KeyQueue(), KeyQueue()
+        self._small, self._main = KeyQueue(), KeyQueue()
+        self._ghost = GhostFilter(self._ghost_capacity)
 
     def on_insert(self, keys: Keys) -> None:
-        remembered = self._ghost.take(keys) if self._ghost else []
+        remembered = [k for k, _ in self._ghost.pop_all(keys)] if len(self._ghost) else []
         if remembered:
             self._main.push(remembered)
             fresh = set(remembered)
@@ -94,12 +97,9 @@ class S3FIFO(Policy):
         return chosen
 
     def _remember(self, evicted: list[Hashable]) -> None:
-        """Keys evicted from S enter the ghost, the oldest dropped past its capacity. Once
-        per ``_select``, to the same end: the ghost is not read while victims are chosen."""
-        ghost = self._ghost
-        ghost.push(evicted)
-        if len(ghost) > self._ghost_capacity:
-            ghost.drop_oldest(len(ghost) - self._ghost_capacity)
+        """Keys evicted from S enter the ghost. Once per ``_select``, to the same end: the
+        ghost is not read while victims are chosen."""
+        self._ghost.add_all(evicted, [0] * len(evicted))
 
     def _evict_small(self, protected: Collection[Hashable], unprotected: int) -> Hashable | None:
         """Scan S from its oldest key: promote accessed keys, evict the first unaccessed one."""
@@ -132,7 +132,6 @@ class S3FIFO(Policy):
         super().check_invariants()
         if set(self._small) & set(self._main):
             raise AssertionError("s3fifo: a key is in both S and M")
-        if len(self._ghost) > self._ghost_capacity:
-            raise AssertionError("s3fifo: ghost queue over its capacity")
+        self._ghost.check_invariants()
         if len(set(self._small)) + len(set(self._main)) != len(self):
             raise AssertionError("s3fifo: a queue's length disagrees with its keys")
