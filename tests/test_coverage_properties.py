@@ -185,3 +185,77 @@ def test_a_recomputed_draft_tail_never_needs_a_key_past_the_boundary(
         restored = set(coverage.restored_blocks(g, b))
         want = {p // g.tokens_per_block for p in kept_tokens(g, oracle_restore_point(g, b))}
         assert restored == want
+
+
+# -- served subsets: a producer may serve any subset of the admissible boundaries --------
+
+
+@CASES
+@given(layouts(), st.integers(0, 400), st.data())
+def test_served_subsets_keep_invariants_2_and_3(layout: Layout, horizon: int, data) -> None:
+    bounds = oracle_boundaries(layout, horizon)
+    served = sorted(data.draw(st.sets(st.sampled_from(bounds))) if bounds else set())
+    extra = data.draw(st.integers(0, 3)) * layout.hit_granularity  # past the horizon: ignored
+    passed = served + ([bounds[-1] + extra] if bounds and extra else [])
+    for gi, g in enumerate(layout.groups):
+        stored = set(coverage.store_set(layout, gi, horizon, passed))
+        want: set[int] = set()
+        for b in served:
+            want |= oracle_required(g, b)
+        assert stored == want
+        for b in served:  # invariant 2 for every served boundary
+            assert set(coverage.required(g, b)) <= stored
+        for c in stored:  # invariant 3: every stored chunk is needed by a served boundary
+            assert any(c in coverage.required(g, b) for b in served)
+        assert coverage.store_set(layout, gi, horizon, bounds) == coverage.store_set(
+            layout, gi, horizon
+        )
+        if not coverage.needs_predecessor(g) or not served:
+            continue
+        # a full-attention store set is a prefix: it depends on the largest served boundary
+        top = served[-1] + layout.max_stored_lookahead
+        assert stored == set(coverage.store_set(layout, gi, top))
+
+
+@settings(max_examples=600)
+@given(layouts(), st.integers(0, 300), st.data())
+def test_serve_delta_sums_to_store_set(layout: Layout, horizon: int, data) -> None:
+    bounds = oracle_boundaries(layout, horizon)
+    served = sorted(data.draw(st.sets(st.sampled_from(bounds))) if bounds else set())
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(served)), max_size=4)))
+    batches = [served[a:b] for a, b in itertools.pairwise([0, *cuts, len(served)])]
+    for gi in range(len(layout.groups)):
+        seen: set[int] = set()
+        done: list[int] = []
+        for batch in batches:
+            delta = set(coverage.serve_delta(layout, gi, done, batch))
+            assert not delta & seen
+            done += batch
+            assert seen | delta == set(coverage.store_set(layout, gi, horizon, done))
+            seen |= delta
+        assert seen == set(coverage.store_set(layout, gi, horizon, served))
+
+
+def test_served_boundaries_must_ascend_through_the_granularity() -> None:
+    layout = Layout((Group("full", 16, 1),))
+    for bad in ([48, 16], [24], [0], [16, 16]):
+        try:
+            coverage.store_set(layout, 0, 100, bad)
+        except ValueError as e:
+            assert "granularity 16" in str(e)
+        else:
+            raise AssertionError(f"{bad} accepted")
+    try:
+        coverage.serve_delta(layout, 0, [64], [32])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a served set that grows below its end was accepted")
+
+
+def test_served_worked_example() -> None:
+    """DESIGN section 3's layout, serving only the prompt end (32)."""
+    layout = Layout((Group("full", 16, 1), Group("sliding_window", 4, 1, window=8)))
+    assert coverage.store_set(layout, 0, 33, [32]).compact() == "0-1"
+    assert coverage.store_set(layout, 1, 33, [32]).compact() == "6-7"
+    assert coverage.store_set(layout, 1, 33).compact() == "2-3,6-7"

@@ -16,8 +16,10 @@ group). Example: MTP module 2 (``d = 2``), 16-token chunks, a 65-token prompt: t
 64 and module 2 restores ``[0, 48)`` (chunks 0-2, keyed by tokens ``[0, 50)`` at most);
 with a stored tail the hit would have to be 48, since chunk 3 is keyed by ``[0, 66)``.
 
-``required``, ``store_set``, ``store_delta`` and ``load_set`` are derived from those two and
-nothing else. No other module computes a window in chunks, a store mask or a load range:
+A producer serves a subset of the admissible boundaries (every one by default: dense;
+``kvtier.boundaries`` picks fewer). ``required``, ``store_set``, ``store_delta``,
+``serve_delta`` and ``load_set`` are derived from those two and the served set, nothing
+else. No other module computes a window in chunks, a store mask or a load range:
 callers ask here. Every function is pure: plain data in, plain data out.
 
 Chunk ``c`` of a group with ``T`` tokens per chunk covers tokens ``[c*T, (c+1)*T)``.
@@ -26,7 +28,7 @@ Chunk ``c`` of a group with ``T`` tokens per chunk covers tokens ``[c*T, (c+1)*T
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kvtier.layout import Group, Layout
@@ -238,21 +240,48 @@ def restored_blocks(group: Group, b: int) -> range:
     return retained_blocks(group, restore_point(group, b))
 
 
-def store_set(layout: Layout, group_index: int, horizon: int) -> ChunkRanges:
+def store_set(
+    layout: Layout, group_index: int, horizon: int, served: Sequence[int] | None = None
+) -> ChunkRanges:
     """Chunks of one group a producer that has computed ``horizon`` tokens stores.
 
-    The union of ``required(group, b)`` over every admissible ``b``. Cost grows with the
-    number of boundaries, never with tokens.
+    The union of ``required(group, b)`` over the boundaries the producer serves up to the
+    horizon: ``served`` (ascending, each one admissible; those past the horizon are
+    ignored), or every admissible ``b`` when ``served`` is None (dense). Cost grows with
+    the number of boundaries, never with tokens.
 
     Example: full attention with 16-token chunks plus sliding window 8 with 4-token chunks,
-    33 tokens: full chunks 0-1, sliding chunks 2-3 and 6-7.
+    33 tokens: full chunks 0-1, sliding chunks 2-3 and 6-7; serving only 32: full chunks
+    0-1, sliding chunks 6-7.
     """
     group = layout.groups[group_index]
     return ChunkRanges.of(
-        (r.start, r.stop)
-        for b in admissible_boundaries(layout, horizon)
-        if (r := required(group, b))
+        (r.start, r.stop) for b in _served(layout, horizon, served) if (r := required(group, b))
     )
+
+
+def _served(layout: Layout, horizon: int, served: Sequence[int] | None) -> Sequence[int]:
+    """The served boundaries admissible at ``horizon``; every admissible one when None."""
+    bounds = admissible_boundaries(layout, horizon)
+    if served is None:
+        return bounds
+    check_served(layout, served)
+    return served[: bisect.bisect_right(served, bounds[-1] if bounds else 0)]
+
+
+def check_served(layout: Layout, served: Sequence[int]) -> None:
+    """``ValueError`` unless ``served`` ascends strictly through multiples of the hit
+    granularity: the only boundaries any producer may serve. Example: granularity 16:
+    ``(16, 48)`` passes, ``(48, 16)`` and ``(24,)`` do not."""
+    g = layout.hit_granularity
+    prev = 0
+    for b in served:
+        if b <= prev or b % g:
+            raise ValueError(
+                f"served boundaries must ascend through positive multiples of the hit "
+                f"granularity {g}; got {list(served)[:8]}"
+            )
+        prev = b
 
 
 def store_sets(layout: Layout, horizon: int) -> tuple[ChunkRanges, ...]:
@@ -265,23 +294,36 @@ def store_delta(
 ) -> ChunkRanges:
     """``store_set(new_horizon) - store_set(old_horizon)``, without recomputing either.
 
-    Used by a producer after each step: cost grows with the boundaries passed, not with the
-    request's length. Both ends of ``required(group, b)`` never decrease as ``b`` grows, so
-    the part of the old set that can overlap the new chunks is found by walking the old
-    boundaries backwards until one reaches below the new chunks.
+    Used by a dense producer after each step: cost grows with the boundaries passed, not
+    with the request's length (``serve_delta`` over the admissible boundaries).
     """
     if new_horizon < old_horizon:
         raise ValueError(f"horizon went backwards: {old_horizon} -> {new_horizon}")
-    group = layout.groups[group_index]
     old = admissible_boundaries(layout, old_horizon)
     new = admissible_boundaries(layout, new_horizon)
-    fresh = [required(group, b) for b in new[len(old) :]]
-    fresh_set = ChunkRanges.of((r.start, r.stop) for r in fresh if r)
+    return serve_delta(layout, group_index, old, new[len(old) :])
+
+
+def serve_delta(
+    layout: Layout, group_index: int, served: Sequence[int], new: Sequence[int]
+) -> ChunkRanges:
+    """Chunks a producer that serves ``served`` adds by also serving ``new``.
+
+    ``store_set(.., served + new) - store_set(.., served)``; every boundary of ``new``
+    lies past the last of ``served`` (a producer's served set only grows at its end).
+    Both ends of ``required(group, b)`` never decrease as ``b`` grows, so the part of the
+    old set that can overlap the new chunks is found by walking ``served`` backwards until
+    a boundary reaches below the new chunks. Example: sliding window 16 in 16-token chunks,
+    served ``(64,)`` (chunk 3), new ``(96,)``: chunk 5.
+    """
+    check_served(layout, [*served[-1:], *new])
+    group = layout.groups[group_index]
+    fresh_set = ChunkRanges.of((r.start, r.stop) for b in new if (r := required(group, b)))
     if not fresh_set:
         return fresh_set
     low = fresh_set.ranges[0][0]
     overlap: list[tuple[int, int]] = []
-    for b in reversed(old):
+    for b in reversed(served):
         r = required(group, b)
         if not r:
             continue
@@ -333,7 +375,6 @@ def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:
         hi = min(keep.stop, (chunk + 1) * bpc)
         runs.append(BlockRun(chunk, lo - chunk * bpc, hi - lo))
     return tuple(runs)
-
 
 
 def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:

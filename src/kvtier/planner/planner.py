@@ -42,6 +42,7 @@ from kvtier.planner.lookup import (
     ready_at,
 )
 from kvtier.planner.requests import PendingHit, RequestState, load_block_ids, store_block_ids
+from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
     ChunkCopy,
     LoadResult,
@@ -141,6 +142,9 @@ class Planner:
             req = self._request(request_id)
             if req.hit is not None:
                 return req.hit.lookup
+            if req.limits.boundaries == "shared":
+                req.shared_point = max(req.shared_point, shared_point(
+                    self.layout, req.chain, req.num_prompt, on_device, self.store.lookup))
             result = self._decide(req, on_device)
             self._count_lookup(req, result)
             return result
@@ -315,9 +319,9 @@ class Planner:
         cap = req.store_cap(horizon)
         if cap <= req.stored_horizon:
             return
-        for gi in range(len(self.layout.groups)):
-            delta = coverage.store_delta(self.layout, gi, req.stored_horizon, cap)
-            req.pending.extend((gi, c) for c in delta)
+        chunks = new_chunks(self.layout, req, cap)
+        self._count(req, "chunks_offered", len(chunks))
+        req.pending.extend(chunks)
         req.stored_horizon = cap
 
     def _store_pending(self, req: RequestState, block_table: BlockTable) -> TransferJob | None:
@@ -416,7 +420,7 @@ class Planner:
         with self._lock:
             req = self._request(request_id)
             self.decline_hit(request_id)
-            req.pending, req.stored_horizon = [], 0
+            req.pending, req.stored_horizon, req.served = [], 0, []
             req.wait_deadline, req.expired = None, False
 
     def abort(self, request_id: str) -> None:

@@ -32,6 +32,10 @@ class RequestState:
     limits: RequestLimits
     stored_horizon: int = 0
     """Store planning has covered every chunk up to this (capped) horizon."""
+    served: list[int] = field(default_factory=list)
+    """Boundaries served so far (``kvtier.boundaries``), ascending; unused when dense."""
+    shared_point: int = 0
+    """Where the lookup saw the request share a prefix (``boundaries.shared_point``)."""
     pending: list[tuple[int, int]] = field(default_factory=list)
     """(group, chunk) planned but not yet handed to a store job (refused: retried)."""
     hit: PendingHit | None = None

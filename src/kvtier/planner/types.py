@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kvtier.boundaries import BoundaryMode, check_mode
 from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey
 
@@ -92,6 +93,10 @@ class RequestLimits:
     """Store only chunks that lie within the first this-many tokens."""
     store: Literal["prompt", "all", "none"] = "all"
     """``prompt``: store the prompt only; ``all``: the answer too (multi-turn chat)."""
+    boundaries: BoundaryMode = "dense"
+    """Which admissible boundaries the request serves as a producer (``kvtier.boundaries``):
+    ``dense`` every one; ``end`` its prompt end and later ends; ``shared`` those and where
+    it was seen to share a prefix. Fewer store fewer partial-window chunks."""
 
     def __post_init__(self) -> None:
         for name in ("max_load_tokens", "max_store_tokens"):
@@ -100,6 +105,7 @@ class RequestLimits:
                 raise ValueError(f"{name} must be a non-negative integer or None, got {value!r}")
         if self.store not in ("prompt", "all", "none"):
             raise ValueError(f"store must be 'prompt', 'all' or 'none', got {self.store!r}")
+        check_mode(self.boundaries)
 
 
 @dataclass
@@ -111,6 +117,8 @@ class Metrics:
     hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     chunks_loaded: int = 0
     bytes_loaded: int = 0
+    chunks_offered: int = 0
+    """Chunks store planning chose (before the store skips those it already holds)."""
     chunks_stored: int = 0
     bytes_stored: int = 0
     waits: int = 0

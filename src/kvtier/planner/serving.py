@@ -1,0 +1,67 @@
+"""Store planning over the boundaries a request serves (``kvtier.boundaries``).
+
+``new_chunks`` is what ``Planner.on_computed`` plans after each step: in ``dense`` mode
+``coverage.store_delta`` of every group (the request serves every admissible boundary); in
+the other modes full-attention groups still follow ``store_delta`` (their store sets are
+prefixes: every chunk is stored) and partial-window groups ``coverage.serve_delta`` over
+the boundaries the request starts serving. ``shared_point`` is read at lookup, from the
+same store the lookup reads.
+
+Example (tests/planner/test_boundaries_scenarios.py): full + sliding window 16 in 16-token
+chunks; producer A (100 tokens) serves 96 and stores sliding chunk 5 only; B shares A's
+first 64 tokens and serves 64 and 80 (sliding chunks 3 and 4); C, sharing the same 64
+tokens, hits at 64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvtier import boundaries, coverage
+from kvtier.keys import ChunkKey, KeyChain
+from kvtier.layout import Layout
+from kvtier.planner.requests import RequestState
+from kvtier.store.results import ChunkState
+
+
+def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, int]]:
+    """(group, chunk) pairs that become storable as the capped horizon reaches ``cap``;
+    records the boundaries the request now serves."""
+    mode = req.limits.boundaries
+    fresh: list[int] = []
+    if mode != "dense":
+        last = req.served[-1] if req.served else 0
+        fresh = boundaries.newly_served(layout, mode, last, cap,
+                                        prompt_end=req.store_cap(req.num_prompt),
+                                        shared=req.shared_point)
+    out: list[tuple[int, int]] = []
+    for gi, group in enumerate(layout.groups):
+        if mode == "dense" or not boundaries.prunable(group):
+            delta = coverage.store_delta(layout, gi, req.stored_horizon, cap)
+        else:
+            delta = coverage.serve_delta(layout, gi, req.served, fresh)
+        out.extend((gi, c) for c in delta)
+    req.served.extend(fresh)
+    return out
+
+
+def shared_point(
+    layout: Layout, chain: KeyChain, num_prompt: int, on_device: int,
+    states: Callable[[list[ChunkKey]], list[ChunkState]],
+) -> int:
+    """``boundaries.shared_point`` of the request: its full-attention chunks count as
+    present when in the store (readable or being written) or wholly on the device."""
+    bounds = coverage.admissible_boundaries(layout, num_prompt, num_prompt)
+    top = bounds[-1] if bounds else 0
+    present = []
+    for gi, group in enumerate(layout.groups):
+        if boundaries.prunable(group) or not top:
+            present.append(0)
+            continue
+        on_dev = on_device // group.tokens_per_chunk
+        wanted = range(on_dev, coverage.required(group, top).stop)
+        found = states(chain.keys(gi, wanted)) if wanted else []
+        gap = next((i for i, st in enumerate(found)
+                    if not (st.readable or st is ChunkState.WRITING)), len(found))
+        present.append(on_dev + gap)
+    return boundaries.shared_point(layout, num_prompt, present)
