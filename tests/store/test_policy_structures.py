@@ -41,7 +41,7 @@ def test_ghost_filter_remembers_at_least_its_capacity() -> None:
     marks = [g.pop(f"k{i}") for i in range(4000, 4010)]
     assert marks == [0, 1] * 5
     false_hits = sum(f"new{i}" in g for i in range(10_000))
-    assert false_hits < 100  # about 0.3% at 16 bits a key
+    assert false_hits < 200  # under 1% at 16 bits a key, two generations
 
 
 def test_ghost_filter_counts_marks_and_pops() -> None:

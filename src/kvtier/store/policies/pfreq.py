@@ -154,9 +154,8 @@ class PrefixFrequency(Policy):
             clock += 1
             s = clock + int(unit * BONUS[min(freqs[i], 3)])
             parent = parents[i] if parents else prev
-            if parent is prev:
-                parent_slot = prev_slot
-            else:
+            parent_slot = prev_slot  # the usual case: the previous key of the batch
+            if parent is not prev:
                 parent_slot = None if parent is None else find(parent)
             if parent_slot is not None and s >= score[parent_slot]:
                 s = score[parent_slot] - 1
