@@ -74,11 +74,13 @@ class GhostFilter:
 
     def add_all(self, keys: Sequence[Hashable], marks: Sequence[int]) -> None:
         """``add`` each key with its mark, in order."""
-        probe = self._probe
+        wmask = self._word_mask
         for key, mark in zip(keys, marks, strict=True):
             if self._adds >= self._capacity:
                 self._rotate()
-            w, bits = probe(key)
+            h = (hash(key) * _MIX) & _MASK64  # as in _probe, inlined: the hot loop
+            w = h >> 24 & wmask
+            bits = 1 << (h & 63) | 1 << (h >> 6 & 63) | 1 << (h >> 12 & 63) | 1 << (h >> 18 & 63)
             self._bits[0][w] |= bits
             if mark:
                 self._marks[0][w] |= bits
@@ -92,10 +94,12 @@ class GhostFilter:
 
     def pop_all(self, keys: Iterable[Hashable]) -> list[tuple[Hashable, int]]:
         """``pop`` each key; those remembered, with their marks, in order."""
-        (bits0, bits1), probe = self._bits, self._probe
+        (bits0, bits1), wmask = self._bits, self._word_mask
         found = []
         for key in keys:
-            w, bits = probe(key)
+            h = (hash(key) * _MIX) & _MASK64  # as in _probe, inlined: the hot loop
+            w = h >> 24 & wmask
+            bits = 1 << (h & 63) | 1 << (h >> 6 & 63) | 1 << (h >> 12 & 63) | 1 << (h >> 18 & 63)
             if bits0[w] & bits == bits:
                 gen = 0
             elif bits1[w] & bits == bits:

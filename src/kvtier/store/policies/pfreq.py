@@ -79,6 +79,14 @@ class FrequencySketch:
         h, mask, counts = hash(key), self._mask, self._counts
         return min(counts[h & mask], counts[mask + 1 + ((h >> 20) & mask)])
 
+    def frequent(self, keys: Iterable[Hashable]) -> list[int]:
+        """1 for each key whose estimate is at least 2, else 0."""
+        mask, counts = self._mask, self._counts
+        return [
+            int(counts[h & mask] >= 2 and counts[mask + 1 + ((h >> 20) & mask)] >= 2)
+            for h in map(hash, keys)
+        ]
+
     def add(self, key: Hashable) -> int:
         """Count one use of ``key``; its estimate after counting."""
         return self.add_all((key,))[0]
@@ -213,8 +221,7 @@ class PrefixFrequency(Policy):
             chosen.append(k)
         for entry in passed:
             heapq.heappush(heap, entry)
-        estimate = self._sketch.estimate
-        self._ghosts.add_all(chosen, [int(estimate(k) >= 2) for k in chosen])
+        self._ghosts.add_all(chosen, self._sketch.frequent(chosen))
         return chosen
 
     def check_invariants(self) -> None:
