@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kvtier.boundaries import BOUNDARY_MODES
 from kvtier.cli.common import (
     UsageError,
     add_layout_arguments,
@@ -58,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", choices=STORE_SCOPES, default="blocks",
                         help="what a request stores: every block the trace names (blocks, the "
                              "default) or only whole chunks of its prompt (prompt)")
+    parser.add_argument("--boundaries", choices=BOUNDARY_MODES, default="dense",
+                        help="which boundaries a producer serves (kvtier.boundaries): every one "
+                             "(dense, the default), its prompt's end (end), or that and where it "
+                             "was seen to share a prefix (shared); fewer store fewer "
+                             "sliding-window chunks")
     parser.add_argument("--block-tokens", type=positive_int, default=BLOCK_TOKENS, metavar="N",
                         help=f"tokens per trace block (default {BLOCK_TOKENS})")
     parser.add_argument("--timing", default="", metavar="SPEC",
@@ -142,12 +148,13 @@ def run(args: argparse.Namespace) -> int:
     host = _slots(layout, host_bytes, args.host_chunks, "--host")
     disk = _slots(layout, args.disk, args.disk_chunks, "--disk")
     reqs, name = _requests(args)
-    config = ReplayConfig(layout, args.block_tokens, args.store, timing)
+    config = ReplayConfig(layout, args.block_tokens, args.store, timing, args.boundaries)
     show = not args.json
     with progress_bar(len(reqs), "hashing", enabled=show) as advance:
         workload = Workload(reqs, config, advance)
     meta = {"trace": name, "requests": len(reqs), "model": layout.model,
             "bytes_per_slot": layout.max_bytes_per_chunk, "store": args.store,
+            "boundaries": args.boundaries,
             "mode": "concurrent" if args.concurrent else "sequential",
             "timing": vars(timing)}
     runner = replay_concurrent if args.concurrent else replay
@@ -203,7 +210,7 @@ def _head(meta: dict[str, Any], stats: ReplayStats) -> str:
                       if meta["bytes_per_slot"] else f"{t} {n} chunks"
                       for t, n in stats.slots.items())
     return (f"{meta['trace']}: {meta['requests']} requests, {meta['model']}, {tiers}, "
-            f"{meta['mode']} replay, store {meta['store']}")
+            f"{meta['mode']} replay, store {meta['store']}, boundaries {meta['boundaries']}")
 
 
 def _policy_table(results: list[ReplayStats]) -> str:

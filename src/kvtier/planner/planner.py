@@ -321,6 +321,9 @@ class Planner:
             return
         chunks = new_chunks(self.layout, req, cap)
         self._count(req, "chunks_offered", len(chunks))
+        for m in (self.metrics, req.metrics):
+            for gi, _ in chunks:
+                m.chunks_offered_by_group[gi] = m.chunks_offered_by_group.get(gi, 0) + 1
         req.pending.extend(chunks)
         req.stored_horizon = cap
 

@@ -119,6 +119,7 @@ class Metrics:
     bytes_loaded: int = 0
     chunks_offered: int = 0
     """Chunks store planning chose (before the store skips those it already holds)."""
+    chunks_offered_by_group: dict[int, int] = field(default_factory=dict)
     chunks_stored: int = 0
     bytes_stored: int = 0
     waits: int = 0

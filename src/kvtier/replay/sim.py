@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier import coverage
+from kvtier.boundaries import BoundaryMode
 from kvtier.layout import Layout
 from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
@@ -53,6 +54,8 @@ class ReplayConfig:
     scope: StoreScope = "blocks"
     """What a request stores (``kvtier.replay.refs.StoreScope``)."""
     timing: TimingModel = field(default_factory=TimingModel)
+    boundaries: BoundaryMode = "dense"
+    """Which boundaries a producer serves (``kvtier.boundaries``)."""
 
 
 class Workload:
@@ -143,7 +146,8 @@ class Driver:
         self._count_refs(req, refs, reach)
         stream = self._streams[rid] = token_stream(req.hash_ids, self.config.block_tokens)
         self.planner.add_request(rid, stream[: refs.num_prompt],
-                                 limits=RequestLimits(max_load_tokens=reach))
+                                 limits=RequestLimits(max_load_tokens=reach,
+                                                      boundaries=self.config.boundaries))
 
     def load(self, rid: str, found: Lookup) -> tuple[set[object], dict[str, int], int]:
         """Accept and complete a hit: the keys loaded, bytes per tier, tokens restored."""
@@ -169,6 +173,9 @@ class Driver:
             self.store.complete_load(hold)
 
     def end(self, rid: str, refs: RequestRefs) -> None:
+        offered = self.planner.request_metrics(rid).chunks_offered_by_group
+        for gi, n in offered.items():
+            self.stats.groups[gi].offered += n
         self.planner.finish(rid)
         if self.belady is not None:
             self.belady.end(refs.keys)
@@ -182,8 +189,6 @@ class Driver:
         for gi, group in enumerate(self.layout.groups):
             dense = (refs.store_tokens - group.lookahead) // group.tokens_per_chunk
             s.groups[gi].dense += max(0, dense)
-        for gi in refs.groups:
-            s.groups[gi].offered += 1
 
     def _count_load(self, job: TransferJob, hit_tokens: int) -> dict[str, int]:
         s, groups = self.stats, self.layout.groups

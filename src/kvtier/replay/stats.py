@@ -9,7 +9,8 @@ Definitions (docs/replay.md):
   its leading blocks (prefix semantics; each ``hash_ids`` entry is one chunk).
 * ``token_hit_rate``: prompt tokens the planner restored (whole chunks, at most the prompt
   length minus one, every group's chunks present), over all prompt tokens.
-* chunks and bytes per group: ``offered`` (kvtier's store sets: what a producer offers),
+* chunks and bytes per group: ``offered`` (what the planner chose to store: its store
+  sets over the boundaries a producer serves, ``--boundaries``),
   ``dense`` (every whole chunk: what an offloader without the coverage contract offers),
   ``stored`` (new writes, after the store skipped chunks it holds) and ``loaded``.
 """
