@@ -8,6 +8,7 @@ model, with 64 GiB of host memory and LRU. Everything printed comes from
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from kvtier.cli.common import (
 )
 from kvtier.cli.main import Command
 from kvtier.layout import Layout
+from kvtier.replay.bytes_tiers import BytesOptions, check_options, replay_bytes
 from kvtier.replay.concurrent import replay_concurrent
 from kvtier.replay.policies import compared_policies, known_policy
 from kvtier.replay.progress import progress_bar
@@ -92,6 +94,17 @@ def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a disk tier below host memory (modelled, metadata only), e.g. 1TiB")
     disk.add_argument("--disk-chunks", type=positive_int, metavar="N",
                       help="the disk tier as a number of chunk slots")
+    parser.add_argument("--bytes", action="store_true",
+                        help="replay on a real TieredStore (host slab, disk files, Redis), "
+                             "writing and verifying every chunk's bytes")
+    parser.add_argument("--slot-bytes", type=parse_bytes, metavar="BYTES",
+                        help="with --bytes: bytes each slot really holds (default 4KiB; "
+                             "capacities still count the layout's real chunk bytes)")
+    parser.add_argument("--disk-dir", metavar="DIR",
+                        help="with --bytes: the disk tier's directory (default: a temporary "
+                             "one, removed at the end)")
+    parser.add_argument("--redis", metavar="URL",
+                        help="with --bytes: a Redis tier at URL (redis://host:port/db) below")
 
 
 def _slots(layout: Layout, nbytes: int | None, chunks: int | None, flag: str) -> int:
@@ -147,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         DEFAULT_HOST)
     host = _slots(layout, host_bytes, args.host_chunks, "--host")
     disk = _slots(layout, args.disk, args.disk_chunks, "--disk")
+    bytes_options = _bytes_options(args, policies, disk)
     reqs, name = _requests(args)
     config = ReplayConfig(layout, args.block_tokens, args.store, timing, args.boundaries)
     show = not args.json
@@ -157,7 +171,11 @@ def run(args: argparse.Namespace) -> int:
             "boundaries": args.boundaries,
             "mode": "concurrent" if args.concurrent else "sequential",
             "timing": vars(timing)}
-    runner = replay_concurrent if args.concurrent else replay
+    runner: Any = replay_concurrent if args.concurrent else replay
+    if bytes_options is not None:
+        runner = functools.partial(replay_bytes, options=bytes_options)
+        meta["bytes"] = {"slot_bytes": bytes_options.slot_bytes,
+                         "disk_dir": bytes_options.disk_dir, "redis": bytes_options.redis_url}
     if args.sweep:
         return _sweep(args, workload, policies, disk, meta, runner)
     results = []
@@ -166,6 +184,30 @@ def run(args: argparse.Namespace) -> int:
             results.append(runner(workload, policy, host, disk, advance))
     _report(args, meta, results)
     return 0
+
+
+def _bytes_options(
+    args: argparse.Namespace, policies: list[str], disk: int
+) -> BytesOptions | None:
+    """``--bytes`` and its options, checked (one-line errors), or None without it."""
+    extra = [f for f, v in (("--slot-bytes", args.slot_bytes), ("--disk-dir", args.disk_dir),
+                            ("--redis", args.redis)) if v is not None]
+    if not args.bytes:
+        if extra:
+            raise UsageError(f"{' and '.join(extra)} {'needs' if len(extra) == 1 else 'need'}"
+                             " --bytes")
+        return None
+    if args.concurrent or args.sweep:
+        raise UsageError("--bytes replays sequentially at given capacities: drop "
+                         + ("--concurrent" if args.concurrent else "--sweep"))
+    if args.disk_dir is not None and not disk:
+        raise UsageError("--disk-dir needs a disk tier: give --disk BYTES or --disk-chunks N")
+    try:
+        options = BytesOptions(args.slot_bytes or 4096, args.disk_dir, args.redis)
+        check_options(options, policies, bool(disk))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return options
 
 
 def _sweep(args: argparse.Namespace, workload: Workload, policies: list[str], disk: int,
@@ -203,6 +245,9 @@ def _report(args: argparse.Namespace, meta: dict[str, Any], results: list[Replay
     print(_policy_table(results))
     print()
     print(_group_table(results[0]))
+    if results[0].tiers:
+        print()
+        print(_tier_table(results))
 
 
 def _head(meta: dict[str, Any], stats: ReplayStats) -> str:
@@ -247,6 +292,31 @@ def _group_table(s: ReplayStats) -> str:
             f"{n:,}" + (f" ({human_bytes(n * per)})" if per else "") for n in (g.stored, g.loaded)])
     return f"chunks per group ({s.policy}; dense = every whole chunk, no pruning)\n" + table(
         headers, rows)
+
+
+def _tier_table(results: list[ReplayStats]) -> str:
+    """``--bytes``: per policy and tier, what the real store moved and how long it took."""
+    headers = ["policy", "tier", "hits", "read", "written", "moved read/written", "time",
+               "corrupt"]
+    rows = []
+    for s in results:
+        for tier, t in s.tiers.items():
+            rows.append([
+                s.policy, tier, f"{t['hits']:,}",
+                _chunks(t["chunks_read"], t["real_bytes_read"]),
+                _chunks(t["chunks_written"], t["real_bytes_written"]),
+                f"{human_bytes(t['bytes_read'])} / {human_bytes(t['bytes_written'])}",
+                f"{t['seconds']:.2f}s", f"{t['corrupt']:,}",
+            ])
+    lines = [f"{s.policy}: {s.verified_chunks:,} loaded chunks verified byte for byte, "
+             f"{s.corrupt_chunks:,} corrupt, {s.waits:,} waits for promotions"
+             for s in results]
+    return ("tiers (--bytes; read/written as the real layout's chunks, moved: the scaled "
+            "slots' bytes)\n" + table(headers, rows) + "\n" + "\n".join(lines))
+
+
+def _chunks(n: int, real: int | None) -> str:
+    return f"{n:,}" + (f" ({human_bytes(real)})" if real is not None else "")
 
 
 COMMAND = Command("replay", "Replay a request trace through kvtier for capacity planning.",

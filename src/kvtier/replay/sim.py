@@ -21,13 +21,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, count
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from kvtier import coverage
 from kvtier.boundaries import BoundaryMode
+from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
@@ -39,7 +41,7 @@ from kvtier.replay.refs import (
     token_stream,
 )
 from kvtier.replay.stats import GroupCounts, ReplayStats
-from kvtier.replay.tiers import DISK, HOST, MetadataTiers
+from kvtier.replay.tiers import DISK, HOST, MetadataTiers, ReplayStore
 from kvtier.replay.timing import TimingModel
 from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest
 
@@ -103,20 +105,33 @@ def replay(
     return driver.stats
 
 
+class DataPlane(Protocol):
+    """What moves bytes for the planner's jobs (``--bytes``: ``kvtier.replay.bytes_tiers``);
+    a metadata replay has none."""
+
+    def store(self, job: TransferJob) -> None:
+        """Fill the slots of a store job's chunks, before the job completes."""
+
+    def load(self, job: TransferJob) -> list[ChunkKey]:
+        """Read and verify the slots of a load job's chunks; the chunks that did not verify."""
+
+    def settle(self, rounds: int) -> None:
+        """Complete background work (promotions) after the ``rounds``-th WAIT of a lookup;
+        after enough rounds, let the planner's wait deadline pass."""
+
+
 class Driver:
     """One planner over one store; ``run`` replays one request, the steps serve
     ``kvtier.replay.concurrent``, which calls them at simulated times."""
 
     def __init__(
-        self, config: ReplayConfig, store: MetadataTiers, policy: str,
-        clock: Callable[[], float] | None = None,
+        self, config: ReplayConfig, store: ReplayStore, policy: str,
+        clock: Callable[[], float] | None = None, plane: DataPlane | None = None,
     ) -> None:
-        self.config, self.layout, self.store = config, config.layout, store
+        self.config, self.layout, self.store, self.plane = config, config.layout, store, plane
         self.planner = Planner(config.layout, store, replay_namespace(config.layout),
                                clock=clock or time.monotonic)
-        slots = {HOST: store.num_slots}
-        if store.disk is not None:
-            slots[DISK] = store.disk.num_slots
+        slots = store.tier_slots()
         self.stats = ReplayStats(policy, slots, [GroupCounts.of(g) for g in config.layout.groups])
         self.belady = store.policy if isinstance(store.policy, ReplayBelady) else None
         self._streams: dict[str, npt.NDArray[np.uint32]] = {}  # between begin and store_all
@@ -125,7 +140,7 @@ class Driver:
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
         """The whole request: look up, load, store, finish (module docstring)."""
         self.begin(rid, req, refs)
-        loaded, by_tier, hit = self.load(rid, self.planner.lookup(rid, 0))
+        loaded, by_tier, hit = self.load(rid, self.lookup(rid))
         timing = self.config.timing
         self.stats.ttft_cold_s += timing.ttft_s(req.input_length, 0, {})
         self.stats.ttft_s += timing.ttft_s(req.input_length, hit, by_tier)
@@ -149,12 +164,28 @@ class Driver:
                                  limits=RequestLimits(max_load_tokens=reach,
                                                       boundaries=self.config.boundaries))
 
+    def lookup(self, rid: str) -> Lookup:
+        """The planner's lookup. Only a real store's promotions make it WAIT (``--bytes``):
+        the data plane completes them and the planner is asked again."""
+        found = self.planner.lookup(rid, 0)
+        for rounds in count(1):
+            if found.outcome is not Outcome.WAIT:
+                break
+            assert self.plane is not None, "a metadata store never makes the planner wait"
+            self.stats.waits += 1
+            self.plane.settle(rounds)
+            found = self.planner.lookup(rid, 0)
+        return found
+
     def load(self, rid: str, found: Lookup) -> tuple[set[object], dict[str, int], int]:
         """Accept and complete a hit: the keys loaded, bytes per tier, tokens restored."""
         if found.outcome is not Outcome.HIT:
             return set(), {}, 0
         job = self.planner.accept_hit(rid, _table(self.layout, found.hit_tokens))
-        self.planner.complete_load(job.id, True)
+        corrupt = self.plane.load(job) if self.plane is not None else []
+        self.planner.complete_load(job.id, not corrupt, corrupt)
+        if corrupt:  # a kvtier bug: counted by the plane, the hit recomputed
+            return set(), {}, 0
         by_tier = self._count_load(job, found.hit_tokens)
         return {c.key for c in job.copies}, by_tier, found.hit_tokens
 
@@ -195,15 +226,14 @@ class Driver:
         s.hit_requests += 1
         s.hit_tokens += hit_tokens
         by_tier: dict[str, int] = {HOST: 0, DISK: 0}
-        counts = {HOST: 0, DISK: 0}
+        counts: dict[str, int] = {}
         for c in job.copies:
-            tier = DISK if c.key in self.store.promoted else HOST
-            counts[tier] += 1
-            by_tier[tier] += groups[c.group].bytes_per_chunk or 0
+            tier = self.store.promoted.get(c.key, HOST)
+            counts[tier] = counts.get(tier, 0) + 1
+            by_tier[tier] = by_tier.get(tier, 0) + (groups[c.group].bytes_per_chunk or 0)
             s.groups[c.group].loaded += 1
-        for tier in (HOST, DISK):
-            if counts[tier]:
-                s.add_load(tier, counts[tier], by_tier[tier])
+        for tier, n in counts.items():
+            s.add_load(tier, n, by_tier[tier])
         return by_tier
 
     def _store_in_order(
@@ -233,6 +263,8 @@ class Driver:
         self.stats.store_refusals += self.planner.metrics.store_refusals - refusals
         if job is None:
             return
+        if self.plane is not None:
+            self.plane.store(job)
         self.planner.complete_store(job.id, True)
         for c in job.copies:
             self.stats.groups[c.group].stored += 1

@@ -72,6 +72,12 @@ class ReplayStats:
     ttft_s: float = 0.0
     """Sum over requests of the modelled TTFT with the cache."""
     wall_s: float = 0.0
+    tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``--bytes`` only: per tier, the real store's counters (``bytes_tiers.tier_report``)."""
+    verified_chunks: int = 0
+    """``--bytes``: loaded chunks whose host slot read back exactly the bytes stored."""
+    corrupt_chunks: int = 0
+    """``--bytes``: loaded chunks whose slot did not (any is a kvtier bug)."""
 
     @property
     def block_hit_rate(self) -> float:
@@ -108,4 +114,6 @@ class ReplayStats:
             "mean_ttft_saved_s": (self.ttft_cold_s - self.ttft_s) / n,
             "groups": [g.as_dict() for g in self.groups],
             "wall_s": self.wall_s,
+            **({"tiers": self.tiers, "verified_chunks": self.verified_chunks,
+                "corrupt_chunks": self.corrupt_chunks} if self.tiers else {}),
         }

@@ -26,13 +26,40 @@ refresh chunks without promoting them.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from kvtier.keys import ChunkKey
 from kvtier.store import ChunkState, ChunkStore, EventKind, LoadHandle, Policy, StoreHandle
 from kvtier.store.manager import checked_keys
+from kvtier.store.protocol import StoreProtocol
 from kvtier.store.results import StoreEvent
 
-HOST, DISK = "host", "disk"
+HOST, DISK, REDIS = "host", "disk", "redis"
+
+
+class ReplayStore(StoreProtocol, Protocol):
+    """What the replay's driver needs of its store beyond the planner's protocol:
+    ``MetadataTiers`` here, ``kvtier.replay.bytes_tiers.BytesTiers`` with ``--bytes``."""
+
+    policy: Policy
+    promoted: dict[ChunkKey, str]
+    """Keys promoted into host memory since the caller last cleared it, with their tier."""
+
+    def tier_slots(self) -> dict[str, int]:
+        """Slots per tier, fastest first (a tier without a slot count, Redis, omitted)."""
+        ...
+
+    def locate(self, keys: Iterable[ChunkKey]) -> list[str]:
+        """The tier holding each key, or ``""``; changes nothing."""
+        ...
+
+    def hold(self, keys: list[ChunkKey]) -> LoadHandle | None:
+        """Pin the host-resident keys, count a use of the others; ``complete_load`` it."""
+        ...
+
+    def refresh(self, keys: list[ChunkKey]) -> None:
+        """Count a use of each key wherever it is, without promoting."""
+        ...
 
 
 class MetadataTiers(ChunkStore):
@@ -47,10 +74,17 @@ class MetadataTiers(ChunkStore):
         """Chunks promoted from disk to host."""
         self.disk_writes = 0
         """Chunks written down to disk (host evictions the disk accepted)."""
-        self.promoted: set[ChunkKey] = set()
-        """Keys promoted since the caller last cleared it (per-tier load accounting)."""
+        self.promoted: dict[ChunkKey, str] = {}
+        """Keys promoted since the caller last cleared it, with their tier (``disk``)."""
         if self.disk is not None:
             self.subscribe(self._write_down)
+
+    def tier_slots(self) -> dict[str, int]:
+        """Slots of host memory, and of the disk when modelled."""
+        slots = {HOST: self.num_slots}
+        if self.disk is not None:
+            slots[DISK] = self.disk.num_slots
+        return slots
 
     def _write_down(self, event: StoreEvent) -> None:
         if event.kind is not EventKind.EVICTED:
@@ -95,7 +129,7 @@ class MetadataTiers(ChunkStore):
         self.disk.remove(up)
         self.complete_store(handle, True)
         self.disk_reads += len(up)
-        self.promoted.update(up)
+        self.promoted.update(dict.fromkeys(up, DISK))
         return True
 
     def hold(self, keys: list[ChunkKey]) -> LoadHandle | None:

@@ -70,12 +70,14 @@ class TimingModel:
         return tokens / self.prefill_tokens_per_s
 
     def load_s(self, bytes_by_tier: Mapping[str, int]) -> float:
-        """Seconds to read a hit's chunks: bandwidth plus a fixed latency per tier used."""
+        """Seconds to read a hit's chunks: bandwidth plus a fixed latency per tier used (a
+        tier below the disk, Redis with ``--bytes``, is timed at disk bandwidth)."""
         rate = {"host": self.host_gb_per_s, "disk": self.disk_gb_per_s}
         total = 0.0
         for tier, nbytes in bytes_by_tier.items():
             if nbytes:
-                total += nbytes / (rate[tier] * 1e9) + self.load_latency_ms / 1000
+                gb_per_s = rate.get(tier, self.disk_gb_per_s)
+                total += nbytes / (gb_per_s * 1e9) + self.load_latency_ms / 1000
         return total
 
     def ttft_s(self, prompt: int, hit: int, bytes_by_tier: Mapping[str, int]) -> float:

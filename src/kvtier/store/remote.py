@@ -160,6 +160,16 @@ class RedisTier:
         )
         return out
 
+    def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Whether the server holds each key, in one round trip that reads no payload (not
+        verified: a corrupt copy exists until a ``get`` drops it). All False when backing
+        off or when the call failed."""
+        if not keys:
+            return []
+        names = [self._name(k) for k in keys]
+        found = self._run(lambda c: _exists_many(c, names))
+        return [bool(n) for n in found] if found is not None else [False] * len(keys)
+
     def _verify(
         self, keys: Sequence[ChunkKey], values: list[bytes | None]
     ) -> tuple[dict[ChunkKey, memoryview], list[ChunkKey]]:
@@ -229,6 +239,14 @@ def _get_many(client: Any, names: Sequence[str]) -> list[bytes | None]:
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.get(name)
+    return list(pipe.execute())
+
+
+def _exists_many(client: Any, names: Sequence[str]) -> list[int]:
+    """One round trip: EXISTS each name (1 or 0)."""
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.exists(name)
     return list(pipe.execute())
 
 
