@@ -14,7 +14,7 @@ metadata per resident chunk, by tracemalloc, after the store is filled and churn
 are allocated by the caller, before tracing, and not counted; Belady's index of the future
 is built before tracing too: it is a property of the trace, not of the resident chunks).
 
-Targets: every online policy (LRU, ARC, S3-FIFO) within 4x of the bare LRU per operation;
+Targets: every online policy (LRU, ARC, S3-FIFO, pfreq) within 4x of the bare LRU per operation;
 at most 256 bytes of metadata per resident chunk. Belady is measured too but not held to
 them: it is an offline yardstick whose index of the future grows with the trace.
 Prints a table, then as its last line one JSON object.

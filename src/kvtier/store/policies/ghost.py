@@ -9,22 +9,23 @@ This filter answers the same question in about 3 bytes per remembered key.
 How: two generations of blocked Bloom filters: a key's ``HASHES`` bits all lie in one
 64-bit word (one array read to test them), about ``BITS_PER_KEY`` bits per key, and a
 second array of words marks the keys added with ``mark=1``. Adds go to the current
-generation; once it holds ``capacity`` adds, it becomes the previous one and the old
-previous is dropped. A key is remembered if either generation has it.
+generation; once it holds ``capacity / 2`` adds, it becomes the previous one and the old
+previous is dropped. A key is remembered if either generation has it. The bit arrays are
+sized for ``capacity`` keys (16-32 bits for each key of a generation).
 
 The approximation, in both directions harmless to a policy:
 
-* every one of the last ``capacity`` adds is remembered (no false negatives), and up to
-  ``capacity`` older ones too: a superset of what a queue of ``capacity`` keys held;
+* it remembers the last ``capacity / 2`` to ``capacity`` adds, never an older one (but
+  for false positives): a queue of ``capacity`` keys with its oldest part forgotten early;
 * a false positive (about 1% at these sizes) treats a new key as a returning one;
 * a key cannot be deleted: ``pop`` reports it and discounts it from ``counts`` once, but a
   second ``pop`` of the same key may still find it.
 
-Worked example: capacity 2. Add a, b (generation 1 full), then c (a new generation 2);
-all three are remembered; add d, e: generation 2 is full with c, d and e starts generation
-3, dropping generation 1 (a, b).
+Worked example: capacity 4 (generations of 2). Add a, b (generation 1 full), then c (a
+new generation 2); all three are remembered; add d, e: generation 2 is full with c, d and
+e starts generation 3, dropping generation 1 (a, b).
 
->>> g = GhostFilter(2)
+>>> g = GhostFilter(4)
 >>> for k in "abc": g.add(k)
 >>> [k in g for k in "abc"], g.pop("x")
 ([True, True, True], None)
@@ -46,15 +47,16 @@ _MASK64 = (1 << 64) - 1
 
 
 class GhostFilter:
-    """Approximate set of the last ``capacity`` .. ``2 * capacity`` keys added, each with a
+    """Approximate set of the last ``capacity / 2`` .. ``capacity`` keys added, each with a
     1-bit mark (see the module docstring)."""
 
-    __slots__ = ("_adds", "_bits", "_capacity", "_counts", "_marks", "_word_mask")
+    __slots__ = ("_adds", "_bits", "_capacity", "_counts", "_generation", "_marks", "_word_mask")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"GhostFilter: capacity must be >= 1, got {capacity!r}")
         self._capacity = capacity
+        self._generation = (capacity + 1) // 2  # adds per generation
         words = 1 << max(3, (BITS_PER_KEY * capacity // 64).bit_length())
         self._word_mask = words - 1
         self._bits = [_words(words), _words(words)]  # [current, previous]
@@ -76,7 +78,7 @@ class GhostFilter:
         """``add`` each key with its mark, in order."""
         wmask = self._word_mask
         for key, mark in zip(keys, marks, strict=True):
-            if self._adds >= self._capacity:
+            if self._adds >= self._generation:
                 self._rotate()
             h = (hash(key) * _MIX) & _MASK64  # as in _probe, inlined: the hot loop
             w = h >> 24 & wmask
@@ -134,8 +136,8 @@ class GhostFilter:
         self._adds = 0
 
     def check_invariants(self) -> None:
-        if len(self) > 2 * self._capacity or self._adds > self._capacity:
-            raise AssertionError(f"GhostFilter: {len(self)} keys over 2 x {self._capacity}")
+        if len(self) > 2 * self._generation or self._adds > self._generation:
+            raise AssertionError(f"GhostFilter: {len(self)} keys over {self._capacity}")
 
 
 def _words(n: int) -> array[int]:
