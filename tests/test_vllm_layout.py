@@ -116,3 +116,9 @@ def test_plan_seed_000_producer_stores_and_consumer_loads_chunk_1() -> None:
     load = sched.step([]).loads[0]
     assert [(c.chunk, c.first_block, c.block_ids) for c in load.copies] == [
         (1, 0, (7,)), (2, 0, (8,)), (3, 0, (9,))]
+
+
+def test_boundaries_option_is_validated():
+    assert KvtierOptions.from_extra_config({"boundaries": "shared"}).boundaries == "shared"
+    with pytest.raises(ValueError, match="dense, end, shared"):
+        KvtierOptions.from_extra_config({"boundaries": "stride"})

@@ -97,7 +97,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self.scheduler = ConnectorScheduler(
                 setup.layout, setup.num_slots, setup.num_workers, policy=setup.options.policy,
                 namespace=setup.namespace, store=setup.options.store,
-                wait_timeout_s=setup.options.wait_timeout_s)
+                wait_timeout_s=setup.options.wait_timeout_s,
+                boundaries=setup.options.boundaries)
         else:
             self.worker = ConnectorWorker(setup.layout, setup.num_slots)
 

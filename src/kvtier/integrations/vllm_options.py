@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from kvtier.boundaries import BoundaryMode, check_mode
 from kvtier.store.policies import ONLINE_POLICIES
 
 StoreWhat = Literal["all", "prompt"]
@@ -41,6 +42,9 @@ class KvtierOptions:
     """Model revision hashed into every key (weights that change must not share KV)."""
     wait_timeout_s: float = 0.05
     """How long a lookup waits for chunks still being written before taking what is ready."""
+    boundaries: BoundaryMode = "dense"
+    """Which boundaries a request serves as a producer (``kvtier.boundaries``): ``dense``,
+    ``end`` or ``shared``; fewer store fewer sliding-window chunks."""
 
     def __post_init__(self) -> None:
         _positive_int("host_bytes", self.host_bytes)
@@ -60,6 +64,7 @@ class KvtierOptions:
                 f"tenant_salt must be 'cache_salt' or 'none', got {self.tenant_salt!r}")
         if not isinstance(self.wait_timeout_s, (int, float)) or self.wait_timeout_s < 0:
             raise ValueError(f"wait_timeout_s must be >= 0, got {self.wait_timeout_s!r}")
+        check_mode(self.boundaries)
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KvtierOptions:

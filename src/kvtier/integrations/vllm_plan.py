@@ -37,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kvtier import coverage
+from kvtier.boundaries import BoundaryMode
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.layout import Layout
 from kvtier.planner import Outcome, Planner, RequestLimits, TransferJob
@@ -106,13 +107,15 @@ class ConnectorScheduler:
     def __init__(
         self, layout: Layout, num_slots: int, num_workers: int, *, policy: str = "lru",
         namespace: Namespace | None = None, store: str = "all", wait_timeout_s: float = 0.05,
+        boundaries: BoundaryMode = "dense",
     ) -> None:
         self.layout = layout
         self.store = ChunkStore(num_slots, policy=policy)
         self.planner = Planner(layout, self.store, namespace or Namespace(layout.model),
                                wait_timeout_s=wait_timeout_s)
         self.num_workers = num_workers
-        self._limits = RequestLimits(store="prompt" if store == "prompt" else "all")
+        self._limits = RequestLimits(store="prompt" if store == "prompt" else "all",
+                                     boundaries=boundaries)
         self._requests: dict[str, _Request] = {}
         self._jobs: dict[int, _Job] = {}
         self._loads: list[TransferJob] = []
