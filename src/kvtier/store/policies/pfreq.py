@@ -23,7 +23,8 @@ parent is the hinted one (``on_insert_with_parents``), else the previous key of 
 bits a key) remembers the last ``capacity / 2`` to ``capacity`` evicted keys and whether
 they were frequent (``f >= 2``). A miss on a ghost that was evicted infrequent says
 recency was short: ``beta`` drops; a miss on a frequent ghost says frequency was
-undervalued: ``beta`` rises; each step scaled by the other ghost kind's share, as in ARC. It starts at 0, where ``pfreq`` is LRU with tail-first eviction.
+undervalued: ``beta`` rises; each step scaled by the other ghost kind's share, as in ARC.
+It starts at 0, where ``pfreq`` is LRU with tail-first eviction.
 
 Storage, sized for the store's 256-byte budget per resident chunk: each resident key
 holds a slot of a ``SlotTable`` (no dict); scores live in an ``array`` by slot; the heap
