@@ -28,12 +28,13 @@ import itertools
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from kvtier import coverage
 from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
+from kvtier.planner.binding import BlockTable, ChunkBinder, Fences
 from kvtier.planner.lookup import (
     assess,
     candidate_boundaries,
@@ -41,7 +42,7 @@ from kvtier.planner.lookup import (
     hit_keys,
     ready_at,
 )
-from kvtier.planner.requests import PendingHit, RequestState, load_block_ids, store_block_ids
+from kvtier.planner.requests import PendingHit, RequestState, load_block_ids
 from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
     ChunkCopy,
@@ -54,8 +55,6 @@ from kvtier.planner.types import (
 )
 from kvtier.store.protocol import StoreProtocol
 from kvtier.store.results import ChunkState, LoadHandle, StoreHandle, StoreRefusal
-
-BlockTable = Sequence[Sequence[int | None]]
 
 
 class Planner:
@@ -85,10 +84,9 @@ class Planner:
         self._requests: dict[str, RequestState] = {}
         self._jobs: dict[int, tuple[TransferJob, LoadHandle | StoreHandle]] = {}
         self._loading: Counter[ChunkKey] = Counter()  # keys in load jobs in flight
-        self._fenced: dict[int, list[frozenset[int]]] = {}  # store job -> blocks per group
+        self._fences = Fences(len(layout.groups))
         self._cancelled: set[int] = set()
-        # coverage.store_blocks depends on (group, chunk) only: a pure cache of its answers
-        self._store_runs: dict[tuple[int, int], coverage.BlockRun] = {}
+        self._binder = ChunkBinder(layout)
         self._ids = itertools.count(1)
 
     # ---- requests ----------------------------------------------------------------------
@@ -328,64 +326,25 @@ class Planner:
         req.stored_horizon = cap
 
     def _store_pending(self, req: RequestState, block_table: BlockTable) -> TransferJob | None:
-        live = []
-        runs, groups = self._store_runs, self.layout.groups
-        for gi, chunk in req.pending:
-            run = runs.get((gi, chunk))
-            if run is None:
-                run = runs[(gi, chunk)] = coverage.store_blocks(self.layout, gi, chunk)
-            ids = store_block_ids(block_table, gi, groups[gi], run)
-            if ids is not None:
-                live.append((gi, chunk, run.first_block, ids))
+        live = self._binder.live(req.pending, block_table)
         req.pending = []
         if not live:
             return None
-        keys = self._keys_of(req, [(gi, c) for gi, c, _, _ in live])
-        handle = self.store.prepare_store(keys, self._parents(req, live))
+        keys = self._binder.keys(req, live)
+        handle = self.store.prepare_store(keys, self._binder.parents(req, live))
         if isinstance(handle, StoreRefusal):
             self._count(req, "store_refusals")
             if handle.retryable:
-                req.pending = [(gi, c) for gi, c, _, _ in live]
+                req.pending = [(c.group, c.chunk) for c in live]
             return None
-        return self._store_job(req, handle, dict(zip(keys, live, strict=True)))
-
-    def _parents(
-        self, req: RequestState, live: list[tuple[int, int, int, tuple[int, ...]]]
-    ) -> list[ChunkKey | None]:
-        """The eviction hint: each chunk's predecessor, where a hit needs both."""
-        chain, groups = req.chain, self.layout.groups
-        return [
-            chain.key(gi, c - 1) if c and coverage.needs_predecessor(groups[gi]) else None
-            for gi, c, _, _ in live
-        ]
-
-    @staticmethod
-    def _keys_of(req: RequestState, chunks: list[tuple[int, int]]) -> list[ChunkKey]:
-        """Keys of (group, chunk) pairs, hashed per group in one batch, in the given order."""
-        by_group: dict[int, list[int]] = {}
-        for gi, c in chunks:
-            by_group.setdefault(gi, []).append(c)
-        found = {gi: iter(req.chain.keys(gi, cs)) for gi, cs in by_group.items()}
-        return [next(found[gi]) for gi, _ in chunks]
-
-    def _store_job(
-        self, req: RequestState, handle: StoreHandle,
-        live: dict[ChunkKey, tuple[int, int, int, tuple[int, ...]]],
-    ) -> TransferJob | None:
         if not handle.keys:
             self.store.complete_store(handle, True)
             return None
-        copies = tuple(
-            ChunkCopy(live[k][0], live[k][1], k, slot, live[k][3], live[k][2])
-            for k, slot in zip(handle.keys, handle.slots, strict=True)
-        )
+        copies = self._binder.copies(handle, dict(zip(keys, live, strict=True)))
         job = TransferJob(next(self._ids), req.request_id, "store", copies)
         self._jobs[job.id] = (job, handle)
         req.store_jobs.add(job.id)
-        per_group: list[set[int]] = [set() for _ in self.layout.groups]
-        for c in copies:
-            per_group[c.group].update(c.block_ids)
-        self._fenced[job.id] = [frozenset(s) for s in per_group]
+        self._fences.add(job)
         return job
 
     def complete_store(self, job_id: int, ok: bool) -> None:
@@ -396,7 +355,7 @@ class Planner:
                 return
             job, handle = entry
             self.store.complete_store(handle, ok)  # type: ignore[arg-type]
-            del self._fenced[job_id]
+            self._fences.remove(job_id)
             req = self._requests[job.request_id]
             req.store_jobs.discard(job_id)
             if ok:
@@ -410,10 +369,7 @@ class Planner:
         """Store jobs still reading any of ``block_ids`` of ``group``: wait for them before
         the engine writes those blocks again."""
         with self._lock:
-            wanted = set(block_ids)
-            return sorted(
-                j for j, blocks in self._fenced.items() if not blocks[group].isdisjoint(wanted)
-            )
+            return self._fences.jobs_reading(group, block_ids)
 
     # ---- ends of a request -------------------------------------------------------------
 
@@ -462,7 +418,7 @@ class Planner:
                     self.store.complete_load(req.hit.handle)
             self._jobs.clear()
             self._requests.clear()
-            self._fenced.clear()
+            self._fences.clear()
             self._loading.clear()
 
     # ---- introspection -----------------------------------------------------------------
@@ -479,6 +435,6 @@ class Planner:
         """Assert nothing is left: no requests, jobs, fences or in-flight loads."""
         with self._lock:
             assert not self._jobs, f"{len(self._jobs)} jobs still in flight"
-            assert not self._fenced, f"{len(self._fenced)} fences left"
+            assert not self._fences, f"{len(self._fences)} fences left"
             assert not +self._loading, "loads still counted"
             assert not self._requests, f"requests left: {list(self._requests)}"
