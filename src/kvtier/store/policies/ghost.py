@@ -9,23 +9,23 @@ This filter answers the same question in about 3 bytes per remembered key.
 How: two generations of blocked Bloom filters: a key's ``HASHES`` bits all lie in one
 64-bit word (one array read to test them), about ``BITS_PER_KEY`` bits per key, and a
 second array of words marks the keys added with ``mark=1``. Adds go to the current
-generation; once it holds ``capacity / 2`` adds, it becomes the previous one and the old
-previous is dropped. A key is remembered if either generation has it. The bit arrays are
-sized for ``capacity`` keys (16-32 bits for each key of a generation).
+generation; once it holds ``capacity`` adds, it becomes the previous one and the old
+previous is dropped. A key is remembered if either generation has it.
 
 The approximation, in both directions harmless to a policy:
 
-* it remembers the last ``capacity / 2`` to ``capacity`` adds, never an older one (but
-  for false positives): a queue of ``capacity`` keys with its oldest part forgotten early;
+* it remembers every one of the last ``capacity`` adds (no false negatives) and some of
+  the ``capacity`` before (never an older one, but for false positives): a superset of a
+  queue of ``capacity`` keys;
 * a false positive (about 1% at these sizes) treats a new key as a returning one;
 * a key cannot be deleted: ``pop`` reports it and discounts it from ``counts`` once, but a
   second ``pop`` of the same key may still find it.
 
-Worked example: capacity 4 (generations of 2). Add a, b (generation 1 full), then c (a
-new generation 2); all three are remembered; add d, e: generation 2 is full with c, d and
-e starts generation 3, dropping generation 1 (a, b).
+Worked example: capacity 2. Add a, b (generation 1 full), then c (a new generation 2);
+all three are remembered; add d, e: generation 2 is full with c, d and e starts generation
+3, dropping generation 1 (a, b).
 
->>> g = GhostFilter(4)
+>>> g = GhostFilter(2)
 >>> for k in "abc": g.add(k)
 >>> [k in g for k in "abc"], g.pop("x")
 ([True, True, True], None)
@@ -39,7 +39,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable, Iterable, Sequence
 
-BITS_PER_KEY = 16
+BITS_PER_KEY = 32
 HASHES = 4
 """Bits set per key (``_probe`` takes 6 hash bits for each)."""
 _MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing: spreads small-int hashes over 64 bits
@@ -47,7 +47,7 @@ _MASK64 = (1 << 64) - 1
 
 
 class GhostFilter:
-    """Approximate set of the last ``capacity / 2`` .. ``capacity`` keys added, each with a
+    """Approximate set of the last ``capacity`` .. ``2 * capacity`` keys added, each with a
     1-bit mark (see the module docstring)."""
 
     __slots__ = ("_adds", "_bits", "_capacity", "_counts", "_generation", "_marks", "_word_mask")
@@ -56,7 +56,7 @@ class GhostFilter:
         if capacity < 1:
             raise ValueError(f"GhostFilter: capacity must be >= 1, got {capacity!r}")
         self._capacity = capacity
-        self._generation = (capacity + 1) // 2  # adds per generation
+        self._generation = capacity  # adds per generation
         words = 1 << max(3, (BITS_PER_KEY * capacity // 64).bit_length())
         self._word_mask = words - 1
         self._bits = [_words(words), _words(words)]  # [current, previous]
@@ -137,7 +137,7 @@ class GhostFilter:
 
     def check_invariants(self) -> None:
         if len(self) > 2 * self._generation or self._adds > self._generation:
-            raise AssertionError(f"GhostFilter: {len(self)} keys over {self._capacity}")
+            raise AssertionError(f"GhostFilter: {len(self)} keys over 2 x {self._capacity}")
 
 
 def _words(n: int) -> array[int]:

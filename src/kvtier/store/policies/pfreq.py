@@ -128,7 +128,8 @@ class PrefixFrequency(Policy):
         self._shift = capacity.bit_length()
         self._heap: list[int] = []  # score << shift | slot; stale unless it is that slot's
         self._sketch = FrequencySketch(capacity)
-        self._ghosts = GhostFilter(capacity)  # evicted keys; marked if evicted frequent
+        # evicted keys, marked if evicted frequent: the last capacity / 2 .. capacity
+        self._ghosts = GhostFilter(max(1, capacity // 2))
         self._clock = 0
 
     # ---- notifications -----------------------------------------------------------------

@@ -7,7 +7,7 @@ else from ``M``:
 
 * from ``S``: the oldest key moves to ``M`` (count reset to 0) if it was accessed at least
   ``move_to_main_at`` times while in ``S``; otherwise it is evicted and its key enters the
-  ghost ``G``: a ``GhostFilter`` remembering, in a few bits each, the last ``g / 2`` to ``g``
+  ghost ``G``: a ``GhostFilter`` remembering, in a few bits each, the last ``g`` to ``2 g``
   keys evicted from ``S`` (``g``: ``M``'s share of the capacity);
 * from ``M``: the oldest key with count > 0 is reinserted at the new end with count - 1;
   the first with count 0 is evicted.
