@@ -11,6 +11,7 @@ tokens; a *chunk* is kvtier's storage unit of ``blocks_per_chunk`` consecutive b
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
@@ -178,12 +179,12 @@ class Layout:
                 f"group's tokens_per_chunk {sizes} (their lcm is {lcm})"
             )
 
-    @property
+    @functools.cached_property
     def max_lookahead(self) -> int:
         """The largest lookahead ``d`` of any group (0 without draft layers)."""
         return max(g.lookahead for g in self.groups)
 
-    @property
+    @functools.cached_property
     def max_stored_lookahead(self) -> int:
         """The largest lookahead of a group whose draft tail is stored: how far past a
         boundary a hit's keys reach (0 when every draft tail is recomputed)."""

@@ -27,6 +27,10 @@ from kvtier.store.results import ChunkState
 def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, int]]:
     """(group, chunk) pairs that become storable as the capped horizon reaches ``cap``;
     records the boundaries the request now serves."""
+    if len(coverage.admissible_boundaries(layout, cap)) == len(
+        coverage.admissible_boundaries(layout, req.stored_horizon)
+    ):
+        return []  # no boundary passed (most decoding steps): nothing becomes storable
     mode = req.limits.boundaries
     fresh: list[int] = []
     if mode != "dense":
