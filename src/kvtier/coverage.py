@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from kvtier.layout import Group, Layout
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Span:
     """A half-open token interval ``[start, end)``; empty when ``start >= end``."""
 
@@ -117,7 +117,7 @@ class ChunkRanges:
         return ",".join(parts) or "-"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BlockRun:
     """Blocks ``[first_block, first_block + num_blocks)`` of ``chunk`` (chunk-relative).
 
@@ -390,6 +390,8 @@ def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:
     """
     group = layout.groups[group_index]
     bpc, g = group.blocks_per_chunk, layout.hit_granularity
+    if group.kind == "full":  # retained spans start at token 0: every block is live
+        return BlockRun(chunk, 0, bpc)
     end = (chunk + 1) * group.tokens_per_chunk
     lag = group.lookahead if group.draft_tail == "recomputed" else 0
     first_boundary = -(-(end + lag) // g) * g  # the first whose restore point reaches end

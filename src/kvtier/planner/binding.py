@@ -10,7 +10,7 @@ while the job reads them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvtier import coverage
 from kvtier.keys import ChunkKey
@@ -22,8 +22,7 @@ from kvtier.store.results import StoreHandle
 BlockTable = Sequence[Sequence[int | None]]
 
 
-@dataclass(frozen=True)
-class LiveChunk:
+class LiveChunk(NamedTuple):
     """A planned chunk whose blocks the engine still holds: ``block_ids`` are chunk-relative
     blocks ``first_block ..``. Example: ``LiveChunk(1, 3, 2, (40, 41))``."""
 

@@ -43,7 +43,7 @@ class Lookup:
         return sum(len(c) for c in self.chunks)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChunkCopy:
     """One chunk's bytes between tier slot ``slot`` and engine blocks.
 
