@@ -3,67 +3,26 @@ tier factories the contract suite runs against."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tier_helpers import GEOMETRY, SLOT, free_port, poll
+from tier_helpers import (
+    GEOMETRY,
+    REDIS_SERVER,
+    SLOT,
+    RedisServer,
+    TierFactory,
+)
 
 from kvtier.store.disk import DiskTier
 from kvtier.store.lower import LowerTier
 from kvtier.store.remote import RedisTier
 
-REDIS_SERVER = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(
     REDIS_SERVER is None,
     reason="redis-server is not on PATH (CI installs Debian's redis-server package)",
 )
-
-
-class RedisServer:
-    """A ``redis-server`` of our own: no persistence, loopback only, stoppable."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir, self.port = workdir, free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        assert REDIS_SERVER is not None
-        self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        if not poll(self.ping, timeout_s=10.0):
-            self.stop()
-            raise RuntimeError(f"redis-server did not answer PING on port {self.port}")
-
-    def ping(self) -> bool:
-        import redis
-
-        try:
-            with redis.Redis(port=self.port, socket_timeout=0.2,
-                             socket_connect_timeout=0.2) as client:
-                return bool(client.ping())
-        except redis.RedisError:
-            return False
-
-    def client(self) -> object:
-        import redis
-
-        return redis.Redis(port=self.port, socket_timeout=2)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
 
 
 @pytest.fixture
@@ -77,7 +36,6 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
-TierFactory = Callable[..., LowerTier]
 
 
 @pytest.fixture(params=["disk", pytest.param("redis", marks=pytest.mark.redis)])

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tier_helpers import GEOMETRY, Clock, items, key, payload, poll
+from tier_helpers import GEOMETRY, Clock, RedisServer, items, key, payload, poll
 
-from conftest import RedisServer
 from kvtier.store.record import encode
 from kvtier.store.remote import Backoff, RedisTier
 

@@ -3,9 +3,8 @@ misses, removal, geometry isolation, persistence across instances, asynchronous 
 
 from __future__ import annotations
 
-from tier_helpers import SLOT, items, key, payload
+from tier_helpers import SLOT, TierFactory, items, key, payload
 
-from conftest import TierFactory
 from kvtier.store.lower import LowerTier
 
 

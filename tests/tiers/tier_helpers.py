@@ -6,12 +6,16 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from kvtier.keys import ChunkKey
 from kvtier.store.disk import write_all
+from kvtier.store.lower import LowerTier
 from kvtier.store.tier import BytesLike
 
 SLOT = 4096
@@ -75,3 +79,53 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+REDIS_SERVER = shutil.which("redis-server")
+
+
+class RedisServer:
+    """A ``redis-server`` of our own: no persistence, loopback only, stoppable."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir, self.port = workdir, free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert REDIS_SERVER is not None
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        if not poll(self.ping, timeout_s=10.0):
+            self.stop()
+            raise RuntimeError(f"redis-server did not answer PING on port {self.port}")
+
+    def ping(self) -> bool:
+        import redis
+
+        try:
+            with redis.Redis(port=self.port, socket_timeout=0.2,
+                             socket_connect_timeout=0.2) as client:
+                return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    def client(self) -> object:
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=2)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+TierFactory = Callable[..., LowerTier]

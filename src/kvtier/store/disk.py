@@ -45,13 +45,12 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
 
 from kvtier.keys import ChunkKey
 from kvtier.store.host import slots_for_capacity
-from kvtier.store.lower import Demote, Item, TierStats, Workers
+from kvtier.store.lower import AsyncTwins, Demote, Item, TierStats, Workers
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
 from kvtier.store.record import HEADER_BYTES, RecordError, decode, encode
@@ -70,7 +69,7 @@ def write_all(fd: int, buffers: Sequence[BytesLike]) -> None:
             view = view[os.write(fd, view):]
 
 
-class DiskTier:
+class DiskTier(AsyncTwins):
     """Chunks as checksummed files under ``path`` (see the module docstring).
 
     ``slot_bytes``: the largest payload (the layout's largest chunk); each chunk is charged
@@ -282,15 +281,6 @@ class DiskTier:
         self._demote = demote
 
     # ---- asynchronous twins, recovery, checks, close -----------------------------------
-
-    def get_async(self, keys: Sequence[ChunkKey]) -> Future[dict[ChunkKey, memoryview]]:
-        return self._workers.submit(self.get, list(keys))
-
-    def put_async(self, items: Sequence[Item]) -> Future[list[ChunkKey]]:
-        return self._workers.submit(self.put, list(items))
-
-    def remove_async(self, keys: Sequence[ChunkKey]) -> Future[None]:
-        return self._workers.submit(self.remove, list(keys))
 
     def _recover(self) -> None:
         """Delete leftovers of killed processes; index every chunk file, oldest first."""

@@ -19,6 +19,7 @@ whether a fetch is worth starting.
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
@@ -163,3 +164,31 @@ class Workers:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+class AsyncTwins(ABC):
+    """``get_async`` / ``put_async`` / ``remove_async``: a tier's blocking calls run on its
+    ``Workers`` (``self._workers``), so the engine's scheduler thread never waits on I/O."""
+
+    _workers: Workers
+
+    @abstractmethod
+    def get(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, memoryview]:
+        """Verified payloads of the keys found."""
+
+    @abstractmethod
+    def put(self, items: Sequence[Item]) -> list[ChunkKey]:
+        """Write the items; the keys written."""
+
+    @abstractmethod
+    def remove(self, keys: Sequence[ChunkKey]) -> None:
+        """Drop the keys."""
+
+    def get_async(self, keys: Sequence[ChunkKey]) -> Future[dict[ChunkKey, memoryview]]:
+        return self._workers.submit(self.get, list(keys))
+
+    def put_async(self, items: Sequence[Item]) -> Future[list[ChunkKey]]:
+        return self._workers.submit(self.put, list(items))
+
+    def remove_async(self, keys: Sequence[ChunkKey]) -> Future[None]:
+        return self._workers.submit(self.remove, list(keys))

@@ -28,12 +28,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvtier.keys import ChunkKey
-from kvtier.store.lower import Demote, Item, TierStats, Workers
+from kvtier.store.lower import AsyncTwins, Demote, Item, TierStats, Workers
 from kvtier.store.record import RecordError, decode, encode
 
 T = TypeVar("T")
@@ -70,7 +69,7 @@ def _redis_module() -> Any:
     return redis
 
 
-class RedisTier:
+class RedisTier(AsyncTwins):
     """Chunks on a Redis server at ``url`` under ``<namespace>:`` (module docstring)."""
 
     name = "redis"
@@ -211,15 +210,6 @@ class RedisTier:
         """The last tier: the server evicts by its own policy, nothing goes further down."""
 
     # ---- asynchronous twins, checks, close ---------------------------------------------
-
-    def get_async(self, keys: Sequence[ChunkKey]) -> Future[dict[ChunkKey, memoryview]]:
-        return self._workers.submit(self.get, list(keys))
-
-    def put_async(self, items: Sequence[Item]) -> Future[list[ChunkKey]]:
-        return self._workers.submit(self.put, list(items))
-
-    def remove_async(self, keys: Sequence[ChunkKey]) -> Future[None]:
-        return self._workers.submit(self.remove, list(keys))
 
     def check_invariants(self) -> None:
         if self._failures < 0:

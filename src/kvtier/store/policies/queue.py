@@ -152,17 +152,8 @@ class KeyQueue:
     def drop_oldest(self, n: int) -> None:
         """Forget the ``n`` oldest live keys (a ghost list trimmed to its capacity)."""
         assert n <= self._live, f"drop_oldest({n}) with {self._live} live keys"
-        order, state = self._order, self._state
-        while n:
-            k = order.popleft()
-            st = state[k]
-            if st >= 2 * ENTRY:  # a newer entry of k exists further on
-                state[k] = st - ENTRY
-                continue
-            del state[k]
-            if st & LIVE:
-                self._live -= 1
-                n -= 1
+        for _ in range(n):
+            self.pop_oldest()
 
     def pop_unprotected(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
         """Pop the ``n`` oldest live keys not in ``protected`` (the queue has them);
