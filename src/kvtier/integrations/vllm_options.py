@@ -30,7 +30,8 @@ class KvtierOptions:
     tiers: tuple[str, ...] = ("host",)
     """Tiers, fastest first. Only ``host`` is served through vLLM for now."""
     policy: str = "lru"
-    """Eviction policy: one of kvtier's online policies (``lru``, ``arc``, ``s3fifo``)."""
+    """Eviction policy: one of kvtier's online policies (``lru``, ``arc``, ``s3fifo``,
+    ``pfreq``)."""
     chunk_tokens: int = 256
     """Tokens per stored chunk; a multiple of every KV-cache group's block size."""
     store: StoreWhat = "all"
