@@ -318,6 +318,8 @@ def serve_delta(
     """
     check_served(layout, [*served[-1:], *new])
     group = layout.groups[group_index]
+    if group.kind == "full":  # required sets are nested prefixes [0, e): the last holds all
+        new = new[-1:]
     fresh_set = ChunkRanges.of((r.start, r.stop) for b in new if (r := required(group, b)))
     if not fresh_set:
         return fresh_set
