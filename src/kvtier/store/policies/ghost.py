@@ -76,18 +76,24 @@ class GhostFilter:
 
     def add_all(self, keys: Sequence[Hashable], marks: Sequence[int]) -> None:
         """``add`` each key with its mark, in order."""
-        wmask = self._word_mask
-        for key, mark in zip(keys, marks, strict=True):
-            if self._adds >= self._generation:
-                self._rotate()
-            h = (hash(key) * _MIX) & _MASK64  # as in _probe, inlined: the hot loop
-            w = h >> 24 & wmask
-            bits = 1 << (h & 63) | 1 << (h >> 6 & 63) | 1 << (h >> 12 & 63) | 1 << (h >> 18 & 63)
-            self._bits[0][w] |= bits
-            if mark:
-                self._marks[0][w] |= bits
-            self._counts[0][mark] += 1
-            self._adds += 1
+        wmask, generation, adds = self._word_mask, self._generation, self._adds
+        bits0, marks0, counts0 = self._bits[0], self._marks[0], self._counts[0]
+        try:
+            for key, mark in zip(keys, marks, strict=True):
+                if adds >= generation:
+                    self._rotate()
+                    adds, bits0, marks0, counts0 = 0, self._bits[0], self._marks[0], self._counts[0]
+                h = (hash(key) * _MIX) & _MASK64  # as in _probe, inlined: the hot loop
+                w = h >> 24 & wmask
+                bits = (1 << (h & 63) | 1 << (h >> 6 & 63)
+                        | 1 << (h >> 12 & 63) | 1 << (h >> 18 & 63))
+                bits0[w] |= bits
+                if mark:
+                    marks0[w] |= bits
+                counts0[mark] += 1
+                adds += 1
+        finally:  # kept exact even if the lengths disagree (zip raises at the end)
+            self._adds = adds
 
     def pop(self, key: Hashable) -> int | None:
         """None if ``key`` is not remembered, else its mark; discounts it from ``counts``."""

@@ -45,6 +45,8 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
+from itertools import compress, count, repeat
+from operator import is_not, lshift, or_
 
 from kvtier.store.policies.base import Keys, Policy
 from kvtier.store.policies.ghost import GhostFilter
@@ -94,6 +96,7 @@ class FrequencySketch:
     def add_all(self, keys: Iterable[Hashable]) -> list[int]:
         """Count one use of each key, in order; their estimates after counting."""
         counts, mask, out = self._counts, self._mask, []
+        added, window = self._added, self._window
         for key in keys:
             h = hash(key)
             i, j = h & mask, mask + 1 + ((h >> 20) & mask)
@@ -107,10 +110,11 @@ class FrequencySketch:
             else:
                 f = 15
             out.append(f)
-            self._added += 1
-            if self._added >= self._window:
-                self._added = 0
+            added += 1
+            if added >= window:
+                added = 0
                 counts = self._counts = counts.translate(_HALVE)
+        self._added = added
         return out
 
 
@@ -141,10 +145,10 @@ class PrefixFrequency(Policy):
         if len(self._ghosts):
             for _, kind in self._ghosts.pop_all(keys):
                 self._adapt(kind)
-        self._use(keys, list(map(self._table.add, keys)), parents)
+        self._use(keys, self._table.add_all(keys), parents)
 
     def on_access(self, keys: Keys) -> None:
-        self._use(keys, list(map(self._table.find, keys)), ())
+        self._use(keys, self._table.find_all(keys), ())
 
     def on_remove(self, keys: Keys) -> None:
         table = self._table
@@ -153,35 +157,49 @@ class PrefixFrequency(Policy):
             assert slot is not None, k
             table.remove_slot(slot)
 
-    def _use(self, keys: Keys, slots: list[int | None], parents: Sequence[Hashable | None]) -> None:
+    def _use(
+        self, keys: Keys, slots: Sequence[int | None], parents: Sequence[Hashable | None]
+    ) -> None:
         """Score each key: recency plus its frequency bonus, capped below its parent."""
-        score, heap, find = self._score, self._heap, self._table.find
+        score, heap, find, push = self._score, self._heap, self._table.find, heapq.heappush
         freqs = self._sketch.add_all(keys)
         unit, shift = self.beta * self.capacity, self._shift
+        bonus = [int(unit * BONUS[min(f, 3)]) for f in range(16)]  # by estimate (0..15)
         clock, prev, prev_slot = self._clock, None, None
-        for i, k in enumerate(keys):
-            clock += 1
-            s = clock + int(unit * BONUS[min(freqs[i], 3)])
-            parent = parents[i] if parents else prev
-            parent_slot = prev_slot  # the usual case: the previous key of the batch
-            if parent is not prev:
-                parent_slot = None if parent is None else find(parent)
-            if parent_slot is not None and s >= score[parent_slot]:
-                s = score[parent_slot] - 1
-            slot = slots[i]
-            assert slot is not None, k
-            score[slot] = s
-            heapq.heappush(heap, s << shift | slot)
-            prev, prev_slot = k, slot
+        if not parents:  # each key's parent is the previous key of the batch
+            for k, slot, f in zip(keys, slots, freqs, strict=True):
+                clock += 1
+                s = clock + bonus[f]
+                if prev_slot is not None and s >= score[prev_slot]:
+                    s = score[prev_slot] - 1
+                assert slot is not None, k
+                score[slot] = s
+                push(heap, s << shift | slot)
+                prev_slot = slot
+        else:
+            for i, k in enumerate(keys):
+                clock += 1
+                s = clock + bonus[freqs[i]]
+                parent = parents[i]
+                parent_slot = prev_slot  # the usual case: the previous key of the batch
+                if parent is not prev:
+                    parent_slot = None if parent is None else find(parent)
+                if parent_slot is not None and s >= score[parent_slot]:
+                    s = score[parent_slot] - 1
+                slot = slots[i]
+                assert slot is not None, k
+                score[slot] = s
+                push(heap, s << shift | slot)
+                prev, prev_slot = k, slot
         self._clock = clock
         live = len(self._table)
         if len(heap) > live + (live >> 2) + 64:  # at most 1.25 entries a key
             self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
-        score, shift = self._score, self._shift
-        keys = self._table.keys
-        self._heap = [score[s] << shift | s for s, k in enumerate(keys) if k is not None]
+        # [score[s] << shift | s for each slot s holding a key], at C speed
+        entries = map(or_, map(lshift, self._score, repeat(self._shift)), count())
+        self._heap = list(compress(entries, map(is_not, self._table.keys, repeat(None))))
         heapq.heapify(self._heap)
 
     def _adapt(self, kind: int) -> None:

@@ -47,12 +47,14 @@ class KeyQueue:
         return bool(self._state.get(key, 0) & LIVE)
 
     def __iter__(self) -> Iterator[Hashable]:
-        """Live keys, oldest first (O(entries); for checks and tests)."""
-        latest: dict[Hashable, None] = {}
-        for k in reversed(self._order):
-            if k not in latest and self._state[k] & LIVE:
-                latest[k] = None
-        return reversed(list(latest))
+        """Live keys, oldest first (O(entries); for checks, tests and compaction)."""
+        return reversed(self._live_newest_first())
+
+    def _live_newest_first(self) -> list[Hashable]:
+        """Live keys, newest first: each key's newest entry (``dict.fromkeys`` over the
+        reversed deque keeps the first, i.e. newest, at C speed), dead keys dropped."""
+        state = self._state
+        return [k for k in dict.fromkeys(reversed(self._order)) if state[k] & LIVE]
 
     def push(self, keys: Iterable[Hashable], value: int = 0) -> None:
         """Add absent ``keys`` at the new end with ``value``."""
@@ -184,6 +186,7 @@ class KeyQueue:
 
     def _compact(self) -> None:
         """Drop stale and dead entries, keeping each live key's newest position."""
-        live = list(self)
+        live = self._live_newest_first()
+        live.reverse()
         self._order = deque(live)
         self._state = {k: (self._state[k] & (LIVE | VALUE)) + ENTRY for k in live}

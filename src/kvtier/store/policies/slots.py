@@ -23,7 +23,7 @@ slot 1; removing "a" frees slot 0, which the next ``add`` reuses.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 
 
 class SlotTable:
@@ -59,6 +59,40 @@ class SlotTable:
                 return s - 1
             i = (i + 1) & mask
         return None
+
+    def find_all(self, keys: Iterable[object]) -> list[int | None]:
+        """``find`` of each key, in order (the probe inlined: one call for a batch)."""
+        index, table, mask = self._index, self.keys, self._mask
+        out: list[int | None] = []
+        for key in keys:
+            i = hash(key) & mask
+            while s := index[i]:
+                if table[s - 1] == key:
+                    out.append(s - 1)
+                    break
+                i = (i + 1) & mask
+            else:
+                out.append(None)
+        return out
+
+    def add_all(self, keys: Iterable[Hashable]) -> list[int]:
+        """``add`` each absent key, in order; their slots (the probe inlined)."""
+        index, table, mask, free = self._index, self.keys, self._mask, self._free
+        out = []
+        for key in keys:
+            if free:
+                slot = free.pop()
+            else:
+                slot = self._unused
+                self._unused += 1
+            table[slot] = key
+            i = hash(key) & mask
+            while index[i]:
+                i = (i + 1) & mask
+            index[i] = slot + 1
+            out.append(slot)
+        self._len += len(out)
+        return out
 
     def add(self, key: Hashable) -> int:
         """Give an absent ``key`` a free slot (one must exist) and return it."""
