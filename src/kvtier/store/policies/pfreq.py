@@ -135,6 +135,8 @@ class PrefixFrequency(Policy):
         # evicted keys, marked if evicted frequent: the last capacity / 2 .. capacity
         self._ghosts = GhostFilter(max(1, capacity // 2))
         self._clock = 0
+        self._bonus_unit = 0.0  # beta * capacity when _bonus was computed
+        self._bonus = [0] * 16
 
     # ---- notifications -----------------------------------------------------------------
 
@@ -164,7 +166,10 @@ class PrefixFrequency(Policy):
         score, heap, find, push = self._score, self._heap, self._table.find, heapq.heappush
         freqs = self._sketch.add_all(keys)
         unit, shift = self.beta * self.capacity, self._shift
-        bonus = [int(unit * BONUS[min(f, 3)]) for f in range(16)]  # by estimate (0..15)
+        if unit != self._bonus_unit:  # beta moved: the bonus by estimate (0..15) again
+            self._bonus = [int(unit * BONUS[min(f, 3)]) for f in range(16)]
+            self._bonus_unit = unit
+        bonus = self._bonus
         clock, prev, prev_slot = self._clock, None, None
         if not parents:  # each key's parent is the previous key of the batch
             for k, slot, f in zip(keys, slots, freqs, strict=True):

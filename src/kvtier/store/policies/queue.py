@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
-from operator import eq
+from itertools import compress, repeat
+from operator import add, and_, eq
 
 ENTRY, LIVE, VALUE = 8, 4, 3
 
@@ -186,7 +187,11 @@ class KeyQueue:
 
     def _compact(self) -> None:
         """Drop stale and dead entries, keeping each live key's newest position."""
-        live = self._live_newest_first()
-        live.reverse()
+        # as list(self) and {k: (state[k] & (LIVE | VALUE)) + ENTRY for k in live}, at C speed
+        latest = list(dict.fromkeys(reversed(self._order)))  # each key once, newest first
+        latest.reverse()
+        fields = list(map(and_, map(self._state.__getitem__, latest), repeat(LIVE | VALUE)))
+        live = list(compress(latest, map(and_, fields, repeat(LIVE))))
+        kept = compress(fields, map(and_, fields, repeat(LIVE)))
         self._order = deque(live)
-        self._state = {k: (self._state[k] & (LIVE | VALUE)) + ENTRY for k in live}
+        self._state = dict(zip(live, map(add, kept, repeat(ENTRY)), strict=True))
