@@ -162,7 +162,7 @@ class ChunkStore:
         with self.lock:
             slots = self._slots
             try:
-                held = tuple([slots[k] for k in ks])
+                held = tuple(map(slots.__getitem__, ks))
             except KeyError:
                 self._refuse_load(ks)
             if not self._writing.isdisjoint(ks):
@@ -298,8 +298,7 @@ class ChunkStore:
 
     def _drop(self, keys: Sequence[ChunkKey]) -> list[int]:
         """Free the slots of ``keys`` (already gone from the policy and from writing)."""
-        pop = self._slots.pop
-        freed = [pop(k) for k in keys]
+        freed = list(map(self._slots.pop, keys))
         self._alloc.free_many(freed)
         return freed
 

@@ -202,9 +202,13 @@ class PrefixFrequency(Policy):
             self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
-        # [score[s] << shift | s for each slot s holding a key], at C speed
-        entries = map(or_, map(lshift, self._score, repeat(self._shift)), count())
-        self._heap = list(compress(entries, map(is_not, self._table.keys, repeat(None))))
+        # [score[s] << shift | s for each slot s holding a key]
+        if len(self._table) == self.capacity:  # every slot holds a key (the usual case)
+            unit = 1 << self._shift  # v * unit + s == v << shift | s, as s < unit
+            self._heap = [v * unit + s for s, v in enumerate(self._score)]
+        else:
+            entries = map(or_, map(lshift, self._score, repeat(self._shift)), count())
+            self._heap = list(compress(entries, map(is_not, self._table.keys, repeat(None))))
         heapq.heapify(self._heap)
 
     def _adapt(self, kind: int) -> None:
