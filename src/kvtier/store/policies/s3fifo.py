@@ -85,8 +85,9 @@ class S3FIFO(Policy):
         chosen: list[Hashable] = []
         from_small: list[Hashable] = []
         while len(chosen) < n:
-            small_free = len(small) - in_small
-            if small_free and (len(small) >= self._small_target or len(main) == in_main):
+            size_small = len(small)
+            small_free = size_small - in_small
+            if small_free and (size_small >= self._small_target or len(main) == in_main):
                 key = self._evict_small(protected, small_free)
                 if key is not None:
                     chosen.append(key)
