@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -98,3 +100,18 @@ def test_bad_namespace_and_chunk():
         Namespace("")
     with pytest.raises(ValueError, match="chunk index"):
         chain(range(16)).key(0, -1)
+
+
+def test_opt_in_xxh3_keys_are_deterministic_and_distinct():
+    pytest.importorskip("xxhash")
+    ns = Namespace("test-model", hash_name="xxh3")
+    a, b = chain(range(64), ns=ns), chain(range(64), ns=ns)
+    assert a.key(0, 1) == b.key(0, 1) and len(a.key(0, 1)) == 40
+    assert a.key(0, 1) != chain(range(64)).key(0, 1)
+    assert a.key(0, 1) != chain([*range(31), 5, *range(32, 64)], ns=ns).key(0, 1)
+
+
+def test_xxh3_without_the_package_says_which_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "xxhash", None)
+    with pytest.raises(ValueError, match=r"pip install 'kvtier\[fast\]'"):
+        Namespace("m", hash_name="xxh3")
