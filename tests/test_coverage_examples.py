@@ -129,3 +129,13 @@ def test_recomputed_draft_tail_serves_the_whole_prompt_minus_one():
     assert [list(coverage.required(g, 64)) for g in layout.groups] == [
         [0, 1, 2, 3], [1, 2, 3], [0, 1, 2], [0, 1, 2]]
     assert coverage.restore_point(mtp2, 64) == coverage.restore_point(mtp1, 64) == 48
+
+
+def test_first_boundary_store_horizon_and_dense_chunks():
+    layout = Layout((Group("full", 64), Group("sliding_window", 16, window=32),
+                     Group("full", 16, lookahead=1, name="eagle")))
+    assert [coverage.first_boundary(layout, 1, c) for c in (2, 3, 4)] == [64, 64, 128]
+    assert coverage.store_horizon(layout, 1, 3) == 65  # 64 plus the draft's lookahead
+    assert coverage.dense_chunks(layout.groups[1], 33) == 2
+    assert coverage.dense_chunks(layout.groups[2], 33) == 2 and coverage.dense_chunks(
+        layout.groups[2], 32) == 1

@@ -391,13 +391,10 @@ def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:
     and 3 of the chunk. A state chunk holds one block: the state after its last token.
     """
     group = layout.groups[group_index]
-    bpc, g = group.blocks_per_chunk, layout.hit_granularity
+    bpc = group.blocks_per_chunk
     if group.kind == "full":  # retained spans start at token 0: every block is live
         return BlockRun(chunk, 0, bpc)
-    end = (chunk + 1) * group.tokens_per_chunk
-    lag = group.lookahead if group.draft_tail == "recomputed" else 0
-    first_boundary = -(-(end + lag) // g) * g  # the first whose restore point reaches end
-    keep = restored_blocks(group, first_boundary)
+    keep = restored_blocks(group, first_boundary(layout, group_index, chunk))
     lo = max(keep.start, chunk * bpc)
     hi = (chunk + 1) * bpc
     return BlockRun(chunk, lo - chunk * bpc, max(0, hi - lo))
@@ -411,3 +408,30 @@ def needs_predecessor(group: Group) -> bool:
     first. Example: full attention -> True; sliding window 128 -> False.
     """
     return group.kind == "full"
+
+
+def first_boundary(layout: Layout, group_index: int, chunk: int) -> int:
+    """The first boundary whose hit can need ``chunk``: the first multiple of the hit
+    granularity at or past the chunk's end (for a recomputed draft tail, past its end plus
+    the lookahead, where the restore point first reaches it).
+
+    Example: granularity 64, 16-token chunks: chunk 3 (tokens 48..63) -> 64; chunk 4 -> 128.
+    """
+    group = layout.groups[group_index]
+    end = (chunk + 1) * group.tokens_per_chunk
+    lag = group.lookahead if group.draft_tail == "recomputed" else 0
+    g = layout.hit_granularity
+    return -(-(end + lag) // g) * g
+
+
+def store_horizon(layout: Layout, group_index: int, chunk: int) -> int:
+    """Tokens a producer has computed when it can first store ``chunk``: its first boundary
+    plus the largest stored lookahead (the boundary must be admissible)."""
+    return first_boundary(layout, group_index, chunk) + layout.max_stored_lookahead
+
+
+def dense_chunks(group: Group, num_tokens: int) -> int:
+    """Every whole chunk whose tokens (lookahead included) are known after ``num_tokens``:
+    what an offloader without the contract would store. Example: 16-token chunks, 33
+    tokens, no lookahead: 2."""
+    return max(0, (num_tokens - group.lookahead) // group.tokens_per_chunk)

@@ -46,7 +46,7 @@ def explain(layout: Layout, num_tokens: int, hit: int | None) -> dict[str, Any]:
             "stored_chunks": list(stored),
             "stored_ranges": stored.compact(),
             "stored_bytes": _bytes(group, len(stored)),
-            "dense_bytes": _bytes(group, _dense_chunks(group, num_tokens)),
+            "dense_bytes": _bytes(group, coverage.dense_chunks(group, num_tokens)),
         }
         if hit is not None:
             entry["required_chunks"] = list(coverage.required(group, hit))
@@ -61,11 +61,6 @@ def _bad_hit(layout: Layout, num_tokens: int, hit: int) -> str:
         return f"--hit {hit} is not a multiple of the hit granularity {g}"
     return (f"--hit {hit} is past the last boundary a {num_tokens}-token request can serve "
             f"(lookahead {layout.max_lookahead})")
-
-
-def _dense_chunks(group: Group, num_tokens: int) -> int:
-    """Every chunk whose tokens (lookahead included) are known: what a naive offloader stores."""
-    return max(0, (num_tokens - group.lookahead) // group.tokens_per_chunk)
 
 
 def _bytes(group: Group, num_chunks: int) -> int | None:

@@ -87,27 +87,15 @@ def request_refs(
     top = store_tokens_of(req, block_tokens, scope)
     chain = KeyChain(layout, namespace, token_stream(req.hash_ids, block_tokens)[:top])
     entries: list[tuple[int, int, int, ChunkKey]] = []
-    for gi, group in enumerate(layout.groups):
+    for gi in range(len(layout.groups)):
         chunks = list(coverage.store_set(layout, gi, top))
         for c, key in zip(chunks, chain.keys(gi, chunks), strict=True):
-            entries.append((_first_horizon(layout, group.tokens_per_chunk, c, top), gi, c, key))
+            entries.append((min(top, coverage.store_horizon(layout, gi, c)), gi, c, key))
     entries.sort(key=lambda e: (e[0], e[1], e[2]))
     return RequestRefs(
         req.input_length, top, [e[3] for e in entries], [e[1] for e in entries],
         [e[2] for e in entries], [e[0] for e in entries],
     )
-
-
-def _first_horizon(layout: Layout, tokens_per_chunk: int, chunk: int, top: int) -> int:
-    """Tokens computed when the planner first stores ``chunk``: the first boundary at or
-    past its end, plus the largest lookahead (capped at the scope).
-
-    Only the replay's *order* of stores and refreshes depends on this; which chunks are
-    stored is the planner's decision (``coverage.store_delta``).
-    """
-    g = layout.hit_granularity
-    boundary = -(-(chunk + 1) * tokens_per_chunk // g) * g
-    return min(top, boundary + layout.max_lookahead)
 
 
 def all_refs(

@@ -218,8 +218,7 @@ class Driver:
         s.block_refs += len(req.hash_ids)
         s.block_hits += reach // self.config.block_tokens
         for gi, group in enumerate(self.layout.groups):
-            dense = (refs.store_tokens - group.lookahead) // group.tokens_per_chunk
-            s.groups[gi].dense += max(0, dense)
+            s.groups[gi].dense += coverage.dense_chunks(group, refs.store_tokens)
 
     def _count_load(self, job: TransferJob, hit_tokens: int) -> dict[str, int]:
         s, groups = self.stats, self.layout.groups
