@@ -89,15 +89,6 @@ def common_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> 
     ]
 
 
-def needed_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> list[ChunkRanges]:
-    """Per group, every chunk some candidate boundary would load."""
-    per_b = _load_ranges(layout, candidates, on_device)
-    return [
-        ChunkRanges.of((r.start, r.stop) for rs in per_b if (r := rs[gi]))
-        for gi in range(len(layout.groups))
-    ]
-
-
 def _load_ranges(layout: Layout, candidates: Sequence[int], on_device: int) -> list[list[range]]:
     """``coverage.load_chunks`` of every group, per candidate boundary."""
     return [[coverage.load_chunks(g, b, on_device) for g in layout.groups] for b in candidates]

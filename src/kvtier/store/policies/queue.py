@@ -140,6 +140,10 @@ class KeyQueue:
     def pop_oldest(self) -> tuple[Hashable, int]:
         """Remove and return the oldest live key and its value; the queue must not be empty."""
         assert self._live, "pop_oldest on an empty queue"
+        return self._pop_live()
+
+    def _pop_live(self) -> tuple[Hashable, int]:
+        """Pop entries from the old end until a live key's newest entry; it and its value."""
         order, state = self._order, self._state
         while True:
             k = order.popleft()
@@ -161,22 +165,14 @@ class KeyQueue:
     def pop_unprotected(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
         """Pop the ``n`` oldest live keys not in ``protected`` (the queue has them);
         protected keys met on the way move to the new end with their values."""
-        order, state = self._order, self._state
         chosen: list[Hashable] = []
         passed: list[tuple[Hashable, int]] = []
         while len(chosen) < n:
-            k = order.popleft()
-            st = state[k]
-            if st >= 2 * ENTRY:  # a newer entry of k exists further on
-                state[k] = st - ENTRY
-                continue
-            del state[k]
-            if st & LIVE:
-                self._live -= 1
-                if k in protected:
-                    passed.append((k, st & VALUE))
-                else:
-                    chosen.append(k)
+            k, value = self._pop_live()
+            if k in protected:
+                passed.append((k, value))
+            else:
+                chosen.append(k)
         for k, value in passed:
             self.push((k,), value)
         return chosen
