@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 
 import numpy as np
@@ -57,17 +58,27 @@ def test_groups_and_namespaces_never_share_keys():
         Namespace("other-model"),
         Namespace("test-model", revision="v2"),
         Namespace("test-model", kv_dtype="float8_e4m3fn"),
-        Namespace("test-model", hash_name="sha256"),
+        Namespace("test-model", hash_name="blake2b"),
     ]
     for ns in others:
         assert chain(range(64), ns=ns).key(0, 0) != c.key(0, 0)
 
 
 def test_keys_are_deterministic_across_processes():
-    """A fixed vector: a change to the key scheme must bump LAYOUT_VERSION."""
-    key = chain(range(16), Layout((Group("full", 16),))).key(0, 0)
-    assert key is not None and len(key) == 40
-    assert key == chain(np.arange(16, dtype=np.int64), Layout((Group("full", 16),))).key(0, 0)
+    """The documented scheme, computed independently: a chunk's key is its group tag and
+    sha256(seed || every token up to the chunk's end). A change to the key scheme must
+    bump LAYOUT_VERSION."""
+    ns = Namespace("test-model")
+    layout = Layout((Group("full", 16),))
+    tokens = np.arange(40, dtype=np.int64)
+    c = chain(tokens, layout, ns)
+    data = tokens.astype("<u4").tobytes()
+    for chunk in (0, 1):
+        key = c.key(0, chunk)
+        assert key is not None and len(key) == 40
+        assert key[:8] == ns.group_tag(layout, 0)
+        assert key[8:] == hashlib.sha256(ns.seed() + data[: (chunk + 1) * 64]).digest()
+    assert key == chain(list(range(40)), layout, ns).key(0, 1)
 
 
 @settings(max_examples=200)
