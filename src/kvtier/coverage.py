@@ -392,12 +392,19 @@ def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:
     """
     group = layout.groups[group_index]
     bpc = group.blocks_per_chunk
-    if group.kind == "full":  # retained spans start at token 0: every block is live
+    if stores_whole_chunks(group):
         return BlockRun(chunk, 0, bpc)
     keep = restored_blocks(group, first_boundary(layout, group_index, chunk))
     lo = max(keep.start, chunk * bpc)
     hi = (chunk + 1) * bpc
     return BlockRun(chunk, lo - chunk * bpc, max(0, hi - lo))
+
+
+def stores_whole_chunks(group: Group) -> bool:
+    """Whether ``store_blocks`` holds every block of every chunk of ``group``: true when
+    retained spans start at token 0 (full attention), so no block of a chunk is ever dead.
+    Example: full attention -> True; sliding window 128 -> False."""
+    return group.kind == "full"
 
 
 def needs_predecessor(group: Group) -> bool:

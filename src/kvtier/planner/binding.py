@@ -15,7 +15,7 @@ from typing import NamedTuple
 from kvtier import coverage
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
-from kvtier.planner.requests import RequestState, store_block_ids
+from kvtier.planner.requests import RequestState
 from kvtier.planner.types import ChunkCopy, TransferJob
 from kvtier.store.results import StoreHandle
 
@@ -37,19 +37,34 @@ class ChunkBinder:
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
-        # coverage.store_blocks depends on (group, chunk) only: a pure cache of its answers
-        self._runs: dict[tuple[int, int], coverage.BlockRun] = {}
+        # coverage.store_blocks depends on (group, chunk) only: a pure cache of its answers,
+        # as (first absolute block, number of blocks, first chunk-relative block)
+        self._runs: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._full = [g.blocks_per_chunk if coverage.stores_whole_chunks(g) else 0
+                      for g in layout.groups]
+
+    def _run(self, gi: int, chunk: int) -> tuple[int, int, int]:
+        run = coverage.store_blocks(self.layout, gi, chunk)
+        first = chunk * self.layout.groups[gi].blocks_per_chunk + run.first_block
+        self._runs[(gi, chunk)] = entry = (first, run.num_blocks, run.first_block)
+        return entry
 
     def live(self, pending: Iterable[tuple[int, int]], table: BlockTable) -> list[LiveChunk]:
-        """The planned chunks whose blocks the engine still holds, in order."""
-        out, groups = [], self.layout.groups
+        """The planned chunks whose blocks the engine still holds (``requests.
+        store_block_ids``, inlined: this runs for every chunk a request stores), in order."""
+        out, runs, num_groups = [], self._runs, len(table)
+        full = self._full  # groups whose stored chunks hold every block: no lookup
         for gi, chunk in pending:
-            run = self._runs.get((gi, chunk))
-            if run is None:
-                run = self._runs[(gi, chunk)] = coverage.store_blocks(self.layout, gi, chunk)
-            ids = store_block_ids(table, gi, groups[gi], run)
-            if ids is not None:
-                out.append(LiveChunk(gi, chunk, run.first_block, ids))
+            bpc = full[gi]
+            if bpc:
+                first, num, rel = chunk * bpc, bpc, 0
+            else:
+                first, num, rel = runs.get((gi, chunk)) or self._run(gi, chunk)
+            if gi >= num_groups:
+                raise ValueError(f"block table has {num_groups} groups; the layout has group {gi}")
+            ids = tuple(table[gi][first : first + num])
+            if len(ids) == num and None not in ids and (not ids or min(ids) >= 0):  # type: ignore[operator,type-var]
+                out.append(LiveChunk(gi, chunk, rel, ids))  # type: ignore[arg-type]
         return out
 
     @staticmethod
@@ -61,14 +76,20 @@ class ChunkBinder:
         found = {gi: iter(req.chain.keys(gi, cs)) for gi, cs in by_group.items()}
         return [next(found[c.group]) for c in live]
 
-    def parents(self, req: RequestState, live: list[LiveChunk]) -> list[ChunkKey | None]:
-        """The eviction hint: each chunk's predecessor, where a hit needs both."""
+    def parents(
+        self, req: RequestState, live: list[LiveChunk], keys: list[ChunkKey]
+    ) -> list[ChunkKey | None]:
+        """The eviction hint: each chunk's predecessor, where a hit needs both (taken from
+        ``keys``, the chunks' own keys, when the predecessor is in the same job)."""
         groups = self.layout.groups
-        return [
-            req.chain.key(c.group, c.chunk - 1)
-            if c.chunk and coverage.needs_predecessor(groups[c.group]) else None
-            for c in live
-        ]
+        own = {(c.group, c.chunk): k for c, k in zip(live, keys, strict=True)}
+        out: list[ChunkKey | None] = []
+        for c in live:
+            if not c.chunk or not coverage.needs_predecessor(groups[c.group]):
+                out.append(None)
+            else:
+                out.append(own.get((c.group, c.chunk - 1)) or req.chain.key(c.group, c.chunk - 1))
+        return out
 
     @staticmethod
     def copies(handle: StoreHandle, by_key: dict[ChunkKey, LiveChunk]) -> tuple[ChunkCopy, ...]:

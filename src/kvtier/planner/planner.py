@@ -319,9 +319,10 @@ class Planner:
             return
         chunks = new_chunks(self.layout, req, cap)
         self._count(req, "chunks_offered", len(chunks))
+        by_group = Counter(gi for gi, _ in chunks)
         for m in (self.metrics, req.metrics):
-            for gi, _ in chunks:
-                m.chunks_offered_by_group[gi] = m.chunks_offered_by_group.get(gi, 0) + 1
+            for gi, n in by_group.items():
+                m.chunks_offered_by_group[gi] = m.chunks_offered_by_group.get(gi, 0) + n
         req.pending.extend(chunks)
         req.stored_horizon = cap
 
@@ -331,7 +332,7 @@ class Planner:
         if not live:
             return None
         keys = self._binder.keys(req, live)
-        handle = self.store.prepare_store(keys, self._binder.parents(req, live))
+        handle = self.store.prepare_store(keys, self._binder.parents(req, live, keys))
         if isinstance(handle, StoreRefusal):
             self._count(req, "store_refusals")
             if handle.retryable:
