@@ -218,3 +218,33 @@ def test_jobs_larger_than_staging_run_in_batches(kind: str) -> None:
         assert engine.wait(engine.submit_load(copies)).ok
     for now, before in zip(kv.layers, original, strict=True):
         assert same_bytes(now, before)
+
+
+@pytest.mark.parametrize("kind", SLOT_KINDS)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_runs_of_consecutive_blocks_move_like_scattered_blocks(axis: int, kind: str) -> None:
+    """Chunks whose blocks are consecutive ids (moved as one run per layer) beside scattered
+    ones and partial ones, stored, then loaded into other runs: every slot matches the
+    oracle and every block lands where its table says."""
+    gen = torch.Generator().manual_seed(8)
+    layout = Layout((Group("sliding_window", 2, 4, window=8),))
+    kv = random_group(3, axis, num_blocks=40, tokens=2, dtype=torch.float16, gen=gen)
+    original = snapshot(kv)
+    stores = [((4, 5, 6, 7), 0), ((20, 21, 22, 23), 0), ((9, 2, 30, 31), 0), ((12, 13), 2),
+              ((36, 37, 38), 1), ((1,), 3)]
+    loads = [((24, 25, 26, 27), 0), ((0, 3, 8, 10), 0), ((32, 33, 34, 35), 0), ((14, 15), 2),
+             ((16, 17, 18), 1), ((39,), 3)]
+    with engine_for(layout, [kv]) as engine:
+        slab = make_slots(engine, len(stores), kind)
+        copies = [ChunkCopy(0, slab[i], ids, first) for i, (ids, first) in enumerate(stores)]
+        assert engine.wait(engine.submit_store(copies)).ok
+        for slot, copy in zip(slab, copies, strict=True):
+            assert torch.equal(slot[: engine.chunk_bytes(0)], expected_slot(kv, 4, copy, FILL))
+        back = [ChunkCopy(0, slab[i], ids, first) for i, (ids, first) in enumerate(loads)]
+        assert engine.wait(engine.submit_load(back)).ok
+    moved_to = [b for ids, _ in loads for b in ids]
+    moved_from = [b for ids, _ in stores for b in ids]
+    rest = sorted(set(range(40)) - set(moved_to))
+    for now, before in zip(kv.layers, original, strict=True):
+        assert blocks_equal(now, before, axis, moved_to, moved_from)
+        assert blocks_equal(now, before, axis, rest, rest)

@@ -26,6 +26,7 @@ import torch
 
 from kvtier.transfer.plan import Batch
 from kvtier.transfer.spec import ChunkCopy
+from kvtier.transfer.views import Piece
 
 FaultHook = Callable[[ChunkCopy], None]
 """Called with each copy just before its slot bytes move; raising fails the job (tests)."""
@@ -50,9 +51,11 @@ class Staging:
 def slab_rows(batch: Batch) -> torch.Tensor | None:
     """The batch's slots as one ``[n, chunk_words]`` word view, when they allow it.
 
-    They do when all share one storage, sit at evenly spaced, word-aligned addresses (the
-    usual case: consecutive rows of one slab), and live on the KV device (the CPU). Then
-    copies move between the KV tensors and the slots in one pass, with no staging.
+    They do when they sit at evenly spaced, word-aligned addresses inside the memory of the
+    first slot's storage (the usual case: consecutive rows of one slab) on the KV device
+    (the CPU). Then copies move between the KV tensors and the slots in one pass, with no
+    staging. Only addresses are compared, never each slot's storage: a view of those bytes
+    through the first slot's storage is the same memory, whichever tensors the others are.
 
     Example: slots ``slab[4]``, ``slab[5]``, ``slab[6]`` of a ``[64, 4096]`` slab, 8-byte
     words: a view with strides ``(512, 1)`` starting at word ``4 * 512`` of the slab.
@@ -65,13 +68,26 @@ def slab_rows(batch: Batch) -> torch.Tensor | None:
         return None
     if not (steps == spacing).all():
         return None
-    base = first.untyped_storage().data_ptr()
-    start = int(ptrs[0]) - base
-    if start % word or any(s.untyped_storage().data_ptr() != base for s in slots[1:]):
+    storage = first.untyped_storage()
+    start = int(ptrs[0]) - storage.data_ptr()
+    end = start + spacing * (len(slots) - 1) + batch.view.chunk_bytes
+    if start % word or end > storage.nbytes():
         return None
     out = torch.empty(0, dtype=batch.view.word, device=first.device)
     shape = (len(slots), batch.view.chunk_words)
-    return out.set_(first.untyped_storage(), start // word, shape, (spacing // word, 1))
+    return out.set_(storage, start // word, shape, (spacing // word, 1))
+
+
+def runs_of(piece: Piece, count: int) -> torch.Tensor:
+    """``[num_blocks - count + 1, count * width]`` rows: row ``b`` is blocks ``b..b+count-1``.
+
+    Rows overlap (row ``b + 1`` starts one block after row ``b``); a job reads or writes
+    disjoint ones only. Example: 10 blocks of 4 words, ``count == 3``: 8 rows of 12 words,
+    row 7 being words 28..39.
+    """
+    rows = piece.rows
+    size = (int(rows.shape[0]) - count + 1, count * piece.width)
+    return rows.as_strided(size, (piece.width, 1), rows.storage_offset())
 
 
 def placements(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
@@ -80,15 +96,22 @@ def placements(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[torch.Tenso
     For each chunk-relative block position ``p`` of the batch's shape, every layer piece
     yields its ``[num_blocks, width]`` rows, the engine block ids at ``p`` of every copy,
     and the staging columns where position ``p`` of that piece lives (a strided
-    ``[len(copies), width]`` view).
+    ``[len(copies), width]`` view). In a ``consecutive`` batch a one-piece layer yields a
+    single triple instead: its runs (:func:`runs_of`), the first block of every copy, and
+    the layer's whole region of each slot.
     """
     view = batch.view
     ids = torch.from_numpy(batch.ids).to(staged.device)
+    count = batch.num_blocks
     for li, layer in enumerate(view.layers):
-        for j in range(batch.num_blocks):
-            base = view.block_word(li, batch.first_block + j)
+        base = view.block_word(li, batch.first_block)
+        if batch.consecutive and count > 1 and len(layer.pieces) == 1:
+            piece = layer.pieces[0]
+            yield runs_of(piece, count), ids[0], staged[:, base : base + count * piece.width]
+            continue
+        for j in range(count):
             for piece in layer.pieces:
-                col = base + piece.offset
+                col = base + j * layer.words_per_block + piece.offset
                 yield piece.rows, ids[j], staged[:, col : col + piece.width]
 
 
@@ -96,14 +119,22 @@ def planes(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[np.ndarray, ...
     """``(piece rows, block ids, staging view)`` for each layer piece, as CPU ndarrays.
 
     The same placements as :func:`placements`, every block position at once: ids are
-    ``[len(copies), num_blocks]`` and the view ``[len(copies), num_blocks, width]``.
+    ``[len(copies), num_blocks]`` and the view ``[len(copies), num_blocks, width]``; in a
+    ``consecutive`` batch a one-piece layer moves runs: ids ``[len(copies)]``, the view
+    ``[len(copies), num_blocks * width]``.
     Example: 4 layers of one piece each give 4 triples, whatever the number of blocks.
     """
-    view, rows_apart = batch.view, staged.stride(0)
+    view, rows_apart, count = batch.view, staged.stride(0), batch.num_blocks
     for li, layer in enumerate(view.layers):
         start = staged.storage_offset() + view.block_word(li, batch.first_block)
+        if batch.consecutive and len(layer.pieces) == 1:
+            piece = layer.pieces[0]
+            run_shape = (staged.shape[0], count * piece.width)
+            plane = staged.as_strided(run_shape, (rows_apart, 1), start)
+            yield runs_of(piece, count).detach().numpy(), batch.ids[0], plane.detach().numpy()
+            continue
         for piece in layer.pieces:
-            shape = (staged.shape[0], batch.num_blocks, piece.width)
+            shape = (staged.shape[0], count, piece.width)
             strides = (rows_apart, layer.words_per_block, 1)
             plane = staged.as_strided(shape, strides, start + piece.offset)
             yield piece.rows.detach().numpy(), batch.ids.T, plane.detach().numpy()

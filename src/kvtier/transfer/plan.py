@@ -5,18 +5,22 @@ Every check a caller can fail happens here, at submit time, so that a bad spec r
 copies of one group with one shape ``(first_block, num_blocks)``, sorted by slot address,
 so that they move with one batched ``index_select`` / ``index_copy_`` per (block position,
 layer piece), and slots that sit evenly spaced in one slab can be addressed as one view.
+Copies whose engine blocks are consecutive ids (what a fresh allocator hands out) form
+batches of their own, marked ``consecutive``: there a layer's blocks move as one run.
 
 The checks and the grouping run over arrays (one entry per copy, or per block id), so a
 job of thousands of copies costs one short Python pass to read them, not a pass per check;
 when a check finds a bad copy, the per-copy check of that copy writes the message.
 
 Example: a load of chunks 1 (block 3 only), 2 and 3 of a 4-block group makes two batches:
-chunks 2 and 3 (shape ``(0, 4)``), then chunk 1 (shape ``(3, 1)``).
+chunks 2 and 3 (shape ``(0, 4)``), then chunk 1 (shape ``(3, 1)``); if chunk 3's blocks
+were ``(8, 9, 10, 11)`` and chunk 2's ``(5, 1, 7, 2)``, chunk 3 would be a batch of its own.
 """
 
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +28,11 @@ import numpy as np
 import torch
 
 from kvtier.transfer.spec import ChunkCopy, Direction
-from kvtier.transfer.views import GroupView, slot_tensor
+from kvtier.transfer.views import GroupView, slot_tensors
+
+_GROUP = operator.attrgetter("group")
+_FIRST = operator.attrgetter("first_block")
+_IDS = operator.attrgetter("block_ids")
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,8 @@ class Batch:
     """Copies of one group and one shape ``(first_block, num_blocks)``, by slot address.
 
     ``ids[p, i]`` is the engine block at chunk position ``first_block + p`` of copy ``i``;
-    ``ptrs[i]`` is the address of ``slots[i]``.
+    ``ptrs[i]`` is the address of ``slots[i]``. ``consecutive``: every copy's blocks are
+    consecutive ids, ``ids[p, i] == ids[0, i] + p``.
     """
 
     view: GroupView
@@ -40,6 +49,7 @@ class Batch:
     slots: tuple[torch.Tensor, ...]
     ids: np.ndarray
     ptrs: np.ndarray
+    consecutive: bool = False
 
     @property
     def first_block(self) -> int:
@@ -54,7 +64,7 @@ class Batch:
         size = max(1, size)
         return [
             Batch(self.view, self.copies[i : i + size], self.slots[i : i + size],
-                  self.ids[:, i : i + size], self.ptrs[i : i + size])
+                  self.ids[:, i : i + size], self.ptrs[i : i + size], self.consecutive)
             for i in range(0, len(self.copies), size)
         ]
 
@@ -73,18 +83,27 @@ class _Table:
     @classmethod
     def of(cls, copies: Sequence[ChunkCopy]) -> _Table:
         n = len(copies)
-        counts = np.fromiter((len(c.block_ids) for c in copies), np.int64, n)
-        total = int(counts.sum())
-        ids = np.fromiter(itertools.chain.from_iterable(c.block_ids for c in copies),
-                          np.int64, total)
-        return cls(copies, np.fromiter((c.group for c in copies), np.int64, n),
-                   np.fromiter((c.first_block for c in copies), np.int64, n),
+        id_tuples = list(map(_IDS, copies))
+        counts = np.fromiter(map(len, id_tuples), np.int64, n)
+        ids = np.fromiter(itertools.chain.from_iterable(id_tuples), np.int64, int(counts.sum()))
+        return cls(copies, np.fromiter(map(_GROUP, copies), np.int64, n),
+                   np.fromiter(map(_FIRST, copies), np.int64, n),
                    counts, np.cumsum(counts) - counts, ids)
 
     def shape_keys(self) -> np.ndarray:
         """One integer per copy, equal for copies of one group and shape."""
         span = int(max(self.firsts.max(), self.counts.max())) + 1
         return (self.groups * span + self.firsts) * span + self.counts
+
+    def consecutive(self) -> np.ndarray:
+        """Per copy: are its block ids consecutive (``(8, 9, 10)`` yes, ``(8, 10)`` no)?
+
+        Example: ids ``(4, 5) (7, 3) (2,)`` give ``[True, False, True]``.
+        """
+        steps = np.diff(self.ids) != 1  # steps[k]: ids[k] -> ids[k + 1] breaks a run
+        breaks = np.concatenate(([0], np.cumsum(steps)))  # breaks before each flat id
+        ends = self.starts + self.counts - 1
+        return breaks[ends] == breaks[self.starts]
 
     def first_bad(self, views: Sequence[GroupView]) -> int | None:
         """The first copy whose group, chunk positions or block ids are out of range."""
@@ -107,9 +126,8 @@ def plan_job(
     bad = table.first_bad(views)
     if bad is not None:
         _check_copy(views, bad, copies[bad])
-    need = [v.chunk_bytes for v in views]
-    slots = [slot_tensor(c.slot, need[c.group], i) for i, c in enumerate(copies)]
-    ptrs = np.fromiter((s.data_ptr() for s in slots), np.int64, len(slots))
+    need = np.array([v.chunk_bytes for v in views], np.int64)[table.groups]
+    slots, ptrs = slot_tensors([c.slot for c in copies], need)
     if direction == "store":
         _check_slots_distinct(views, table, slots, ptrs)
     else:
@@ -119,16 +137,19 @@ def plan_job(
 
 def _batches(views: Sequence[GroupView], table: _Table, slots: Sequence[torch.Tensor],
              ptrs: np.ndarray) -> list[Batch]:
-    keys = table.shape_keys()
+    runs = table.consecutive()
+    keys = table.shape_keys() * 2 + runs
     order = np.lexsort((ptrs, keys))
     edges = np.flatnonzero(np.diff(keys[order])) + 1
     batches = []
     for part in np.split(order, edges):
-        count = int(table.counts[part[0]])
+        first, rows = int(part[0]), part.tolist()
+        count = int(table.counts[first])
         ids = table.ids[table.starts[part][None, :] + np.arange(count)[:, None]]
-        batches.append(Batch(views[int(table.groups[part[0]])],
-                             tuple(table.copies[i] for i in part), tuple(slots[i] for i in part),
-                             np.ascontiguousarray(ids), ptrs[part]))
+        batches.append(Batch(views[int(table.groups[first])],
+                             tuple([table.copies[i] for i in rows]),
+                             tuple([slots[i] for i in rows]),
+                             np.ascontiguousarray(ids), ptrs[part], bool(runs[first])))
     return batches
 
 

@@ -226,6 +226,27 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def slot_tensors(slots: Sequence[Slot], need: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
+    """Every slot as by :func:`slot_tensor` (``need[i]`` bytes for slot ``i``), and addresses.
+
+    The usual slot, a row of a uint8 slab, passes a short check of a few attribute reads;
+    anything else (a numpy array, a bad slot) goes through :func:`slot_tensor`.
+    """
+    out: list[torch.Tensor] = []
+    for i, s in enumerate(slots):
+        if isinstance(s, torch.Tensor) and s.dtype is torch.uint8 and s.is_cpu \
+                and s.stride() == (1,):
+            out.append(s)
+        else:
+            out.append(slot_tensor(s, int(need[i]), i))
+    sizes = np.array([t.numel() for t in out], np.int64)
+    short = np.flatnonzero(sizes < need)
+    if short.size:
+        i = int(short[0])
+        slot_tensor(out[i], int(need[i]), i)  # raises with the message
+    return out, np.array([t.data_ptr() for t in out], np.int64)
+
+
 def slot_tensor(slot: Slot, need: int, index: int) -> torch.Tensor:
     """A 1-D uint8 CPU tensor sharing ``slot``'s memory, at least ``need`` bytes long.
 
