@@ -1,22 +1,24 @@
 """Choosing the hit: the largest admissible boundary whose chunks are all available.
 
-A lookup never assumes which boundaries a producer served (DESIGN section 3): it gathers
-the state of every chunk any candidate boundary would load, in one batched store lookup,
-then walks the candidates from the largest down with prefix sums, so that a 131k-token
-prompt costs O(chunks + boundaries), not O(chunks x boundaries).
+A lookup never assumes which boundaries a producer served (DESIGN section 3): it walks the
+candidate boundaries from the largest down, classifies each chunk the first time a
+candidate needs it (one batched store lookup per group and candidate that brings new
+chunks into view), and stops at the first candidate whose chunks are all ready. Load
+ranges only move left as the boundary shrinks, so a 131k-token prompt costs
+O(chunks + boundaries x log chunks), not O(chunks x boundaries); a prompt stored whole
+stops at its first candidate.
 """
 
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 
 from kvtier import coverage
-from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain
-from kvtier.layout import Layout
+from kvtier.layout import Group, Layout
 from kvtier.store.results import ChunkState
 
 
@@ -89,11 +91,6 @@ def common_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> 
     ]
 
 
-def _load_ranges(layout: Layout, candidates: Sequence[int], on_device: int) -> list[list[range]]:
-    """``coverage.load_chunks`` of every group, per candidate boundary."""
-    return [[coverage.load_chunks(g, b, on_device) for g in layout.groups] for b in candidates]
-
-
 def assess(
     layout: Layout,
     chain: KeyChain,
@@ -102,56 +99,94 @@ def assess(
     states: Callable[[list[ChunkKey]], list[ChunkState]],
     loading_elsewhere: Callable[[ChunkKey], bool] | None,
 ) -> tuple[Availability, list[dict[int, ChunkKey]]]:
-    """Classify every needed chunk and find the best boundary of each kind.
+    """Classify the chunks the candidates need and find the best boundary of each kind.
 
-    Returns the availability and, per group, the key of every needed chunk.
+    First classifies, per group, every chunk between the smallest and the largest
+    candidate's load ranges (one batched store lookup per group); a kind that fails on a
+    chunk every candidate needs (``common_chunks``) is settled at ``on_device`` at once.
+    Then walks ``candidates`` (largest first) until every kind is settled: the first
+    candidate whose chunks all pass a kind is that kind's best. Returns the availability
+    and, per group, the key of every chunk classified (which includes every chunk the best
+    ready and best readable boundaries load).
     """
-    per_b = _load_ranges(layout, candidates, on_device)
-    keys: list[dict[int, ChunkKey]] = []
-    flags: list[tuple[list[int], ...]] = []
-    for gi in range(len(layout.groups)):
-        idx = list(ChunkRanges.of((r.start, r.stop) for rs in per_b if (r := rs[gi])))
-        ks = chain.keys(gi, idx)
-        keys.append(dict(zip(idx, ks, strict=True)))
-        flags.append(_classify(idx, ks, states(ks), loading_elsewhere))
-    best = [_best(candidates, per_b, flags, which, on_device) for which in range(3)]
-    return Availability(*best), keys
+    walks = [_GroupWalk(gi, g) for gi, g in enumerate(layout.groups)]
+    if not candidates:
+        return Availability(on_device, on_device, on_device), [w.keys for w in walks]
+    for w in walks:
+        top = coverage.load_chunks(w.group, candidates[0], on_device)
+        bottom = coverage.load_chunks(w.group, candidates[-1], on_device)
+        if top or bottom:
+            ends = [r for r in (top, bottom) if r]
+            w.classify(range(min(r.start for r in ends), max(r.stop for r in ends)),
+                       chain, states, loading_elsewhere)
+    best = [on_device, on_device, on_device]
+    settled = [False, False, False]
+    for w, chunks in zip(walks, common_chunks(layout, candidates, on_device), strict=True):
+        for which in range(3):
+            settled[which] = settled[which] or w.any_bad(which, chunks)
+    for b in candidates:
+        if all(settled):
+            break
+        ok = [True, True, True]
+        for w in walks:
+            chunks = coverage.load_chunks(w.group, b, on_device)
+            if chunks:
+                w.classify(chunks, chain, states, loading_elsewhere)
+                for which in range(3):
+                    ok[which] = ok[which] and not w.any_bad(which, chunks)
+        for which in range(3):
+            if ok[which] and not settled[which]:
+                best[which], settled[which] = b, True
+    return Availability(*best), [w.keys for w in walks]
 
 
 _READY, _PINNED, _WRITING = ChunkState.READY, ChunkState.PINNED, ChunkState.WRITING
 
 
-def _classify(
-    idx: list[int], ks: list[ChunkKey], found: list[ChunkState],
-    loading_elsewhere: Callable[[ChunkKey], bool] | None,
-) -> tuple[list[int], ...]:
-    """Prefix sums of (ready, readable, soon) flags over chunk indices."""
-    top = (idx[-1] + 1) if idx else 0
-    ready, readable, soon = [0] * top, [0] * top, [0] * top
-    for c, k, st in zip(idx, ks, found, strict=True):
-        other = loading_elsewhere is not None and loading_elsewhere(k)
-        ok = st is _READY or st is _PINNED
-        readable[c] = ok
-        ready[c] = ok and not other
-        soon[c] = ok or other or st is _WRITING
-    return _prefix(ready), _prefix(readable), _prefix(soon)
+class _GroupWalk:
+    """One group's chunks classified so far, as the candidates are walked downwards.
 
+    Every chunk is classified once. Load ranges only move left as the boundary shrinks
+    (both ends of ``required`` never decrease as ``b`` grows), so a range that does is
+    checked against the previous one in O(1); any other is checked chunk by chunk.
+    ``bad[k]`` holds, sorted, the chunks that fail kind ``k`` (0 ready, 1 readable, 2 soon;
+    see ``Availability``). Example: sliding window 128 in 64-token chunks, candidates 640
+    then 576: chunks 8-9, then only chunk 7.
+    """
 
-def _prefix(flags: list[int]) -> list[int]:
-    return [0, *accumulate(flags)]
+    def __init__(self, gi: int, group: Group) -> None:
+        self.gi, self.group = gi, group
+        self.keys: dict[int, ChunkKey] = {}
+        self.bad: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self._last = range(0)
 
+    def classify(
+        self, chunks: range, chain: KeyChain,
+        states: Callable[[list[ChunkKey]], list[ChunkState]],
+        loading_elsewhere: Callable[[ChunkKey], bool] | None,
+    ) -> None:
+        """Classify the chunks of ``chunks`` not seen yet (one batched store lookup)."""
+        last, self._last = self._last, chunks
+        if last and chunks.start <= last.start and chunks.stop <= last.stop:
+            chunks = range(chunks.start, min(chunks.stop, last.start))  # the rest is seen
+        todo = [c for c in chunks if c not in self.keys]
+        if not todo:
+            return
+        ks = chain.keys(self.gi, todo)
+        self.keys.update(zip(todo, ks, strict=True))
+        ready, readable, soon = self.bad
+        for c, k, st in zip(todo, ks, states(ks), strict=True):
+            ok = st is _READY or st is _PINNED
+            other = loading_elsewhere is not None and loading_elsewhere(k)
+            if not ok or other:
+                insort(ready, c)
+            if not ok:
+                insort(readable, c)
+            if not (ok or other or st is _WRITING):
+                insort(soon, c)
 
-def _best(
-    candidates: Sequence[int], per_b: list[list[range]], flags: list[tuple[list[int], ...]],
-    which: int, on_device: int,
-) -> int:
-    for b, ranges in zip(candidates, per_b, strict=True):
-        if all(_all_set(flags[gi][which], r) for gi, r in enumerate(ranges)):
-            return b
-    return on_device
-
-
-def _all_set(prefix: list[int], chunks: range) -> bool:
-    if not chunks:
-        return True
-    return prefix[chunks.stop] - prefix[chunks.start] == len(chunks)
+    def any_bad(self, which: int, chunks: range) -> bool:
+        """Whether a chunk of ``chunks`` (all classified) fails kind ``which``."""
+        bad = self.bad[which]
+        i = bisect_left(bad, chunks.start)
+        return i < len(bad) and bad[i] < chunks.stop

@@ -1,0 +1,64 @@
+"""``lookup.assess`` against a brute-force oracle: every candidate, every chunk, every kind.
+
+``assess`` walks the candidates from the largest down and classifies each chunk once; the
+oracle checks every chunk of every candidate from scratch. They must agree on the best
+ready, readable and soon boundaries, and ``hit_keys`` must find every key a best hit loads.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier import coverage
+from kvtier.keys import ChunkKey, KeyChain, Namespace
+from kvtier.layout import Layout
+from kvtier.planner.lookup import assess, candidate_boundaries, hit_keys
+from kvtier.store.results import ChunkState
+from strategies import layouts
+
+STATES = [ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY, ChunkState.PINNED]
+
+
+def oracle(layout: Layout, chain: KeyChain, candidates: list[int], on_device: int,
+           state: dict[ChunkKey, ChunkState], elsewhere: set[ChunkKey]) -> tuple[int, ...]:
+    def ok(key: ChunkKey, which: int) -> bool:
+        st_ = state.get(key, ChunkState.ABSENT)
+        readable = st_ in (ChunkState.READY, ChunkState.PINNED)
+        return [readable and key not in elsewhere, readable,
+                readable or key in elsewhere or st_ is ChunkState.WRITING][which]
+
+    best = []
+    for which in range(3):
+        best.append(next((b for b in candidates if all(
+            ok(k, which) for gi, g in enumerate(layout.groups)
+            for k in chain.keys(gi, coverage.load_chunks(g, b, on_device)))), on_device))
+    return tuple(best)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layout=layouts(), data=st.data())
+def test_assess_matches_the_oracle(layout: Layout, data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 300))
+    chain = KeyChain(layout, Namespace("m"), range(n))
+    tpb = max(g.tokens_per_block for g in layout.groups)
+    blocks = [b for b in range(0, n, tpb)
+              if all(b % g.tokens_per_block == 0 for g in layout.groups)]
+    on_device = data.draw(st.sampled_from(blocks or [0]))
+    candidates = candidate_boundaries(layout, n, on_device, None)
+    state: dict[ChunkKey, ChunkState] = {}
+    elsewhere: set[ChunkKey] = set()
+    for gi, g in enumerate(layout.groups):
+        needed = {c for b in candidates for c in coverage.load_chunks(g, b, on_device)}
+        for k in chain.keys(gi, sorted(needed)):
+            state[k] = data.draw(st.sampled_from(STATES + [ChunkState.READY] * 4))
+            if data.draw(st.integers(0, 9)) == 0:
+                elsewhere.add(k)
+    states = lambda ks: [state.get(k, ChunkState.ABSENT) for k in ks]  # noqa: E731
+    avail, keys = assess(layout, chain, candidates, on_device, states, elsewhere.__contains__)
+    want = oracle(layout, chain, candidates, on_device, state, elsewhere)
+    assert (avail.best_ready, avail.best_readable, avail.best_soon) == want
+    for b in {avail.best_ready, avail.best_readable} - {on_device}:
+        got = hit_keys(layout, keys, b, on_device)
+        assert got == [chain.keys(gi, coverage.load_chunks(g, b, on_device))
+                       for gi, g in enumerate(layout.groups)]
