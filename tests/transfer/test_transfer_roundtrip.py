@@ -220,15 +220,19 @@ def test_jobs_larger_than_staging_run_in_batches(kind: str) -> None:
         assert same_bytes(now, before)
 
 
+@pytest.mark.parametrize("dim", [8, 6000], ids=["small-blocks", "large-blocks"])
 @pytest.mark.parametrize("kind", SLOT_KINDS)
 @pytest.mark.parametrize("axis", [0, 1])
-def test_runs_of_consecutive_blocks_move_like_scattered_blocks(axis: int, kind: str) -> None:
-    """Chunks whose blocks are consecutive ids (moved as one run per layer) beside scattered
-    ones and partial ones, stored, then loaded into other runs: every slot matches the
-    oracle and every block lands where its table says."""
+def test_runs_of_consecutive_blocks_move_like_scattered_blocks(
+    axis: int, kind: str, dim: int
+) -> None:
+    """Chunks whose blocks are consecutive ids (moved as runs) beside scattered ones and
+    partial ones, stored, then loaded into other runs: every slot matches the oracle and
+    every block lands where its table says. Large blocks (96,000 bytes) split a run of 3
+    or 4 blocks into runs of at most 2."""
     gen = torch.Generator().manual_seed(8)
     layout = Layout((Group("sliding_window", 2, 4, window=8),))
-    kv = random_group(3, axis, num_blocks=40, tokens=2, dtype=torch.float16, gen=gen)
+    kv = random_group(3, axis, num_blocks=40, tokens=2, dtype=torch.float16, gen=gen, dim=dim)
     original = snapshot(kv)
     stores = [((4, 5, 6, 7), 0), ((20, 21, 22, 23), 0), ((9, 2, 30, 31), 0), ((12, 13), 2),
               ((36, 37, 38), 1), ((1,), 3)]

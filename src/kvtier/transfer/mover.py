@@ -28,6 +28,12 @@ from kvtier.transfer.plan import Batch
 from kvtier.transfer.spec import ChunkCopy
 from kvtier.transfer.views import Piece
 
+ROW_WORDS = 1 << 15
+"""Rows of this many words or more copy slowly: torch's CPU ``index_select`` moves rows of
+fewer elements by parallel memcpy, longer ones by a per-row element loop (measured: random
+256 KiB int64 rows at 0.5-0.7 of a contiguous copy, 128 KiB rows at 0.95-1.0), so runs stop
+short of it."""
+
 FaultHook = Callable[[ChunkCopy], None]
 """Called with each copy just before its slot bytes move; raising fails the job (tests)."""
 
@@ -96,18 +102,23 @@ def placements(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[torch.Tenso
     For each chunk-relative block position ``p`` of the batch's shape, every layer piece
     yields its ``[num_blocks, width]`` rows, the engine block ids at ``p`` of every copy,
     and the staging columns where position ``p`` of that piece lives (a strided
-    ``[len(copies), width]`` view). In a ``consecutive`` batch a one-piece layer yields a
-    single triple instead: its runs (:func:`runs_of`), the first block of every copy, and
-    the layer's whole region of each slot.
+    ``[len(copies), width]`` view). In a ``consecutive`` batch a one-piece layer yields
+    runs instead (:func:`runs_of`) of as many blocks as fit in ``ROW_WORDS - 1`` words, each
+    with the ids of its first block and the slot columns it covers: one triple per layer
+    when blocks are small. Example: 16 KiB blocks, 4 per chunk: one 64 KiB run per layer;
+    128 KiB blocks: four runs of one block.
     """
     view = batch.view
     ids = torch.from_numpy(batch.ids).to(staged.device)
     count = batch.num_blocks
     for li, layer in enumerate(view.layers):
         base = view.block_word(li, batch.first_block)
-        if batch.consecutive and count > 1 and len(layer.pieces) == 1:
+        if batch.consecutive and len(layer.pieces) == 1:
             piece = layer.pieces[0]
-            yield runs_of(piece, count), ids[0], staged[:, base : base + count * piece.width]
+            step = max(1, (ROW_WORDS - 1) // piece.width)  # blocks per run
+            for j in range(0, count, step):
+                n, col = min(step, count - j), base + j * piece.width
+                yield runs_of(piece, n), ids[j], staged[:, col : col + n * piece.width]
             continue
         for j in range(count):
             for piece in layer.pieces:
