@@ -120,7 +120,7 @@ def setup(chunk: int, total: int, order: str, device: torch.device
     engine = TransferEngine(layout, [GroupKV(layers)])
     slab = allocate_slab(num_chunks, chunk, device).fill_(0)
     ids = block_ids(num_chunks, num_blocks, order)
-    copies = [ChunkCopy(0, slab[i], ids[i]) for i in range(num_chunks)]
+    copies = [ChunkCopy(0, slab[i], tuple(ids[i])) for i in range(num_chunks)]
     return engine, copies, slab.view(-1)
 
 
