@@ -24,7 +24,7 @@ A ``complete_*`` given a stale, foreign, or already completed handle raises
 ``HandleError`` and changes nothing.
 
 States: absent -> writing -> ready <-> pinned -> (evicted or removed) -> absent. The manager
-alone owns the accounting (three dicts, changed only by the ``_reserve`` / ``_publish`` /
+alone owns the accounting (two dicts and a set, changed only by the ``_reserve`` / ``_publish`` /
 ``_abort`` / ``_drop`` / ``_pin`` / ``_unpin`` helpers) and the one eviction loop (``_make_room``);
 the policy only picks victims. ``check_invariants()`` recomputes everything from scratch.
 
@@ -102,7 +102,7 @@ class ChunkStore:
         self._alloc = SlotAllocator(self.num_slots)
         self._slots: dict[ChunkKey, int] = {}  # every key holding a slot: writing or ready
         self._writing: set[ChunkKey] = set()  # keys whose store is in progress
-        self._pins: Counter[ChunkKey] = Counter()  # ready key -> live loads holding it (> 0)
+        self._pins: dict[ChunkKey, int] = {}  # ready key -> live loads holding it (> 0)
         self._loads: dict[int, LoadHandle] = {}
         self._stores: dict[int, StoreHandle] = {}
         self._ids = itertools.count(1)
@@ -122,8 +122,8 @@ class ChunkStore:
     def lookup(self, keys: Iterable[ChunkKey]) -> list[ChunkState]:
         """The state of each key, in order. Changes nothing (not an access)."""
         ks = checked_keys(keys)
-        slots, writing, pins = self._slots, self._writing, self._pins
         with self.lock:
+            slots, writing, pins = self._slots, self._writing, self._pins
             if not writing and not pins:  # nothing in flight: every key is absent or ready
                 return [_READY if k in slots else _ABSENT for k in ks]
             return [
@@ -165,11 +165,12 @@ class ChunkStore:
                 held = tuple(map(slots.__getitem__, ks))
             except KeyError:
                 self._refuse_load(ks)
-            if not self._writing.isdisjoint(ks):
+            writing = self._writing
+            if writing and not writing.isdisjoint(ks):
                 self._refuse_load(ks)
-            handle = LoadHandle(next(self._ids), tuple(ks), held)
-            self._pin(ks)
-            self._loads[handle.id] = handle
+            hid = next(self._ids)
+            handle = self._loads[hid] = LoadHandle(hid, tuple(ks), held)
+            self._pin(handle.keys)
             return handle
 
     def _refuse_load(self, ks: list[ChunkKey]) -> NoReturn:
@@ -302,9 +303,17 @@ class ChunkStore:
         self._alloc.free_many(freed)
         return freed
 
-    def _pin(self, keys: list[ChunkKey]) -> None:
+    def _pin(self, keys: tuple[ChunkKey, ...]) -> None:
         """ready -> pinned (or one pin more); counts as an access."""
-        self._pins.update(keys)
+        pins = self._pins
+        if pins:
+            for k in keys:
+                pins[k] = pins.get(k, 0) + 1
+        else:  # no other load is live (the usual case): a count of 1 each, at C speed
+            pins = self._pins = dict.fromkeys(keys, 1)
+            if len(pins) < len(keys):  # a key repeats: count it again
+                pins.clear()
+                pins.update(Counter(keys))
         self.policy.on_access(keys)
 
     def _unpin(self, keys: tuple[ChunkKey, ...]) -> None:
@@ -318,7 +327,7 @@ class ChunkStore:
             if left:
                 pins[k] = left
             else:
-                pins.pop(k)  # dict.pop: Counter's __delitem__ is slow Python
+                del pins[k]
 
     # ---- events ------------------------------------------------------------------------
 
@@ -367,7 +376,7 @@ class ChunkStore:
         if len(writers) != len(self._writing) or set(writers) != self._writing:
             raise AssertionError("writing keys disagree with the live store handles")
         pins = Counter(k for h in self._loads.values() for k in h.keys)
-        if pins != self._pins or 0 in self._pins.values():
+        if pins != Counter(self._pins) or 0 in self._pins.values():
             raise AssertionError("pin counts disagree with the live load handles")
         for h in self._loads.values():
             if tuple(self._slots[k] for k in h.keys) != h.slots:

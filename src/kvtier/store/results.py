@@ -2,7 +2,7 @@
 the one check every key passes on the way in (`checked_keys`).
 
 Every ``prepare_*`` call returns a handle that its ``complete_*`` takes back; a handle is
-a frozen record of what was prepared (the keys, and the slots they occupy), so the data
+an immutable record of what was prepared (the keys, and the slots they occupy), so the data
 plane can copy bytes to or from ``backend.view(slot)`` between the two calls.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvtier.keys import DIGEST_SIZE, TAG_SIZE, ChunkKey
 
@@ -50,21 +51,25 @@ class ChunkState(enum.Enum):
         return self is ChunkState.READY or self is ChunkState.PINNED
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class LoadHandle:
-    """Loads in progress: ``keys[i]`` is pinned and readable in ``slots[i]``."""
+class LoadHandle(NamedTuple):
+    """Loads in progress: ``keys[i]`` is pinned and readable in ``slots[i]``.
+
+    A named tuple: immutable, and cheap to build (a frozen dataclass costs four times as
+    much, once per ``prepare_*`` call). The store knows a live handle by identity, so an
+    equal copy is not one of its handles.
+    """
 
     id: int
     keys: tuple[ChunkKey, ...]
     slots: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class StoreHandle:
+class StoreHandle(NamedTuple):
     """A store in progress: write ``keys[i]`` into ``slots[i]``, then ``complete_store``.
 
     ``skipped`` are offered keys that were not reserved because they are already ready or
-    being written by another store; they need no bytes from this caller.
+    being written by another store; they need no bytes from this caller. Immutable and
+    known by identity, as ``LoadHandle``.
     """
 
     id: int
