@@ -1,23 +1,30 @@
-"""``GhostFilter``: recently evicted keys in a few bits each (two rotating Bloom filters).
+"""``GhostFilter``: recently evicted keys in a few bytes each (a Bloom filter that ages).
 
 ARC, S3-FIFO and ``pfreq`` remember evicted keys ("ghosts") only to ask, when a key comes
 back, *was it evicted recently?* (and, for ``pfreq``, of which kind). A queue of the keys
 answers exactly but costs a dict entry and a deque pointer per ghost, about 100 bytes:
 with ``capacity`` ghosts that alone breaks the store's 256-byte budget per resident chunk.
-This filter answers the same question in about 3 bytes per remembered key.
+This filter answers the same question in about 16 bytes per remembered key.
 
-How: two generations of blocked Bloom filters: a key's ``HASHES`` bits all lie in one
-64-bit word (one array read to test them), about ``BITS_PER_KEY`` bits per key, and a
-second array of words marks the keys added with ``mark=1``. Adds go to the current
-generation; once it holds ``capacity`` adds, it becomes the previous one and the old
-previous is dropped. A key is remembered if either generation has it.
+How: one ``bytearray`` of cells, at least ``CELLS_PER_KEY`` per key of ``capacity``. An add
+is stamped with a code, ``generation * 2 + mark``, into the ``HASHES`` cells its hash picks,
+each cell keeping the largest code written to it. Adds belong to the current generation;
+once it holds ``capacity`` adds, the next generation begins, and a key is remembered while
+every one of its cells holds a code of the current or the previous generation (codes only
+grow, so a later add never hides an earlier one). Forgetting a generation is thus just
+moving the floor; no cell is cleared (the codes are renumbered, at C speed, when the
+generation number would overflow a byte). Why cells and not bits: a test reads three
+bytes, a few small-int operations in Python, where bits in a 64-bit word cost four times
+as much in big-int arithmetic.
 
 The approximation, in both directions harmless to a policy:
 
 * it remembers every one of the last ``capacity`` adds (no false negatives) and some of
   the ``capacity`` before (never an older one, but for false positives): a superset of a
   queue of ``capacity`` keys;
-* a false positive (about 1% at these sizes) treats a new key as a returning one;
+* a false positive (about 0.5% at these sizes) treats a new key as a returning one;
+* a mark is read from the smallest of a key's codes, so a key whose cells were all
+  stamped later may report another key's mark;
 * a key cannot be deleted: ``pop`` reports it and discounts it from ``counts`` once, but a
   second ``pop`` of the same key may still find it.
 
@@ -36,39 +43,39 @@ all three are remembered; add d, e: generation 2 is full with c, d and e starts 
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Hashable, Iterable, Sequence
 
-BITS_PER_KEY = 32
-HASHES = 4
-"""Bits set per key (``_probe`` takes 6 hash bits for each)."""
-_MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing: spreads small-int hashes over 64 bits
-_MASK64 = (1 << 64) - 1
+CELLS_PER_KEY = 32
+HASHES = 3
+"""Cells stamped per key, each picked by its own bits of the key's mixed hash."""
+_MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing: spreads small-int hashes over many bits
+_LAST_GENERATION = 127
+"""Codes are ``generation * 2 + mark`` in a byte; generation 0 means never stamped."""
 
 
 class GhostFilter:
     """Approximate set of the last ``capacity`` .. ``2 * capacity`` keys added, each with a
     1-bit mark (see the module docstring)."""
 
-    __slots__ = ("_adds", "_bits", "_capacity", "_counts", "_generation", "_marks", "_word_mask")
+    __slots__ = ("_adds", "_capacity", "_cells", "_counts", "_floor", "_gen", "_mask", "_shift")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"GhostFilter: capacity must be >= 1, got {capacity!r}")
-        self._capacity = capacity
-        self._generation = capacity  # adds per generation
-        words = 1 << max(3, (BITS_PER_KEY * capacity // 64).bit_length())
-        self._word_mask = words - 1
-        self._bits = [_words(words), _words(words)]  # [current, previous]
-        self._marks = [_words(words), _words(words)]
-        self._counts = [[0, 0], [0, 0]]  # per generation: unmarked, marked adds not popped
+        self._capacity = capacity  # adds per generation
+        size = 1 << max(10, (CELLS_PER_KEY * capacity - 1).bit_length())
+        self._cells = bytearray(size)
+        self._mask = size - 1
+        self._shift = size.bit_length()  # each probe reads its own bits of the hash
+        self._gen = 1  # the current generation
+        self._floor = 2  # the smallest code remembered: generation max(1, _gen - 1), unmarked
+        self._counts = [[0, 0], [0, 0]]  # current, previous: unmarked, marked adds not popped
         self._adds = 0  # adds into the current generation
 
-    def _probe(self, key: object) -> tuple[int, int]:
-        """``key``'s word and its ``HASHES`` bits in that word (6 hash bits each)."""
-        h = (hash(key) * _MIX) & _MASK64
-        bits = 1 << (h & 63) | 1 << (h >> 6 & 63) | 1 << (h >> 12 & 63) | 1 << (h >> 18 & 63)
-        return h >> 24 & self._word_mask, bits
+    def _cells_of(self, key: object) -> tuple[int, int, int]:
+        h = hash(key) * _MIX
+        mask, s = self._mask, self._shift
+        return h & mask, h >> s & mask, h >> 2 * s & mask
 
     def add(self, key: Hashable, mark: int = 0) -> None:
         """Remember ``key`` (evicted now), with ``mark`` 0 or 1."""
@@ -76,24 +83,27 @@ class GhostFilter:
 
     def add_all(self, keys: Sequence[Hashable], marks: Sequence[int]) -> None:
         """``add`` each key with its mark, in order."""
-        wmask, generation, adds = self._word_mask, self._generation, self._adds
-        bits0, marks0, counts0 = self._bits[0], self._marks[0], self._counts[0]
-        try:
-            for key, mark in zip(keys, marks, strict=True):
-                if adds >= generation:
-                    self._rotate()
-                    adds, bits0, marks0, counts0 = 0, self._bits[0], self._marks[0], self._counts[0]
-                h = (hash(key) * _MIX) & _MASK64  # as in _probe, inlined: the hot loop
-                w = h >> 24 & wmask
-                bits = (1 << (h & 63) | 1 << (h >> 6 & 63)
-                        | 1 << (h >> 12 & 63) | 1 << (h >> 18 & 63))
-                bits0[w] |= bits
-                if mark:
-                    marks0[w] |= bits
-                counts0[mark] += 1
-                adds += 1
-        finally:  # kept exact even if the lengths disagree (zip raises at the end)
-            self._adds = adds
+        if len(keys) != len(marks):
+            raise ValueError(f"GhostFilter.add_all: {len(keys)} keys, {len(marks)} marks")
+        cells, mask, s, s2 = self._cells, self._mask, self._shift, 2 * self._shift
+        counts, code0, adds = self._counts[0], 2 * self._gen, self._adds
+        for key, mark in zip(keys, marks, strict=True):
+            if adds >= self._capacity:
+                self._adds = adds
+                self._rotate()
+                counts, code0, adds = self._counts[0], 2 * self._gen, 0
+            code = code0 + mark
+            h = hash(key) * _MIX  # as in _cells_of, inlined: the hot loop
+            i, j, k = h & mask, h >> s & mask, h >> s2 & mask
+            if cells[i] < code:
+                cells[i] = code
+            if cells[j] < code:
+                cells[j] = code
+            if cells[k] < code:
+                cells[k] = code
+            counts[mark] += 1
+            adds += 1
+        self._adds = adds
 
     def pop(self, key: Hashable) -> int | None:
         """None if ``key`` is not remembered, else its mark; discounts it from ``counts``."""
@@ -102,31 +112,35 @@ class GhostFilter:
 
     def pop_all(self, keys: Iterable[Hashable]) -> list[tuple[Hashable, int]]:
         """``pop`` each key; those remembered, with their marks, in order."""
-        (bits0, bits1), wmask = self._bits, self._word_mask
+        cells, mask, s, s2 = self._cells, self._mask, self._shift, 2 * self._shift
+        floor, current = self._floor, 2 * self._gen  # the smallest codes remembered, and current
         found = []
         for key in keys:
-            h = (hash(key) * _MIX) & _MASK64  # as in _probe, inlined: the hot loop
-            w = h >> 24 & wmask
-            bits = 1 << (h & 63) | 1 << (h >> 6 & 63) | 1 << (h >> 12 & 63) | 1 << (h >> 18 & 63)
-            if bits0[w] & bits == bits:
-                gen = 0
-            elif bits1[w] & bits == bits:
-                gen = 1
-            else:
+            h = hash(key) * _MIX  # as in _cells_of, inlined: the hot loop
+            low = cells[h & mask]
+            if low < floor:  # most keys asked about are not ghosts: one cell says so
                 continue
-            mark = int(self._marks[gen][w] & bits == bits)
-            counts = self._counts[gen]
-            counts[mark] = max(0, counts[mark] - 1)
-            found.append((key, mark))
+            c = cells[h >> s & mask]
+            if c < low:
+                low = c
+            c = cells[h >> s2 & mask]
+            if c < low:
+                low = c
+            if low >= floor:
+                mark = low & 1
+                counts = self._counts[0 if low >= current else 1]
+                counts[mark] = max(0, counts[mark] - 1)
+                found.append((key, mark))
         return found
 
     def __contains__(self, key: object) -> bool:
-        w, bits = self._probe(key)
-        return self._bits[0][w] & bits == bits or self._bits[1][w] & bits == bits
+        cells = self._cells
+        return min(cells[x] for x in self._cells_of(key)) >= self._floor
 
     def __len__(self) -> int:
         """Keys remembered and not popped (approximately: a false positive is popped too)."""
-        return sum(map(sum, self._counts))
+        (u0, m0), (u1, m1) = self._counts
+        return u0 + m0 + u1 + m1
 
     def counts(self) -> tuple[int, int]:
         """Remembered keys (not popped) by mark: (unmarked, marked)."""
@@ -135,16 +149,17 @@ class GhostFilter:
 
     def _rotate(self) -> None:
         """The current generation becomes the previous; the old previous is forgotten."""
-        words = len(self._bits[0])
-        self._bits = [_words(words), self._bits[0]]
-        self._marks = [_words(words), self._marks[0]]
+        if self._gen == _LAST_GENERATION:  # renumber: the current generation becomes 1
+            table = bytes(2 + (c & 1) if c >> 1 == self._gen else 0 for c in range(256))
+            self._cells[:] = self._cells.translate(table)  # in place: callers hold it
+            self._gen = 1
+        self._gen += 1
+        self._floor = 2 * (self._gen - 1)
         self._counts = [[0, 0], self._counts[0]]
         self._adds = 0
 
     def check_invariants(self) -> None:
-        if len(self) > 2 * self._generation or self._adds > self._generation:
+        if len(self) > 2 * self._capacity or self._adds > self._capacity:
             raise AssertionError(f"GhostFilter: {len(self)} keys over 2 x {self._capacity}")
-
-
-def _words(n: int) -> array[int]:
-    return array("Q", bytes(8 * n))
+        if max(self._cells) > 2 * self._gen + 1:
+            raise AssertionError("GhostFilter: a cell is stamped by a future generation")
