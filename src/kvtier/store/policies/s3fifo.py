@@ -16,6 +16,12 @@ One-hit wonders thus leave quickly through ``S``, and ``M`` behaves like CLOCK. 
 unified-capacity form: moving a key from ``S`` to ``M`` frees nothing, the scan goes on.
 Protected keys met during a scan are rotated to the new end of their queue, unchanged.
 
+Storage: no key ever moves inside a queue (only from the old end to a new end), so ``S``
+and ``M`` are plain deques holding each resident key once, and one dict gives each key
+its queue and count as a small int (``in_main * 4 + count``, cached by Python: no object
+per key). A scan is one loop over the deques, and a removal (rare: ``on_remove``) filters
+them.
+
 >>> s3 = S3FIFO(4)
 >>> s3.on_insert(["a", "b", "c", "d"]); s3.on_access(["a"])
 >>> s3.victims(1)
@@ -24,13 +30,18 @@ Protected keys met during a scan are rotated to the new end of their queue, unch
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection, Hashable, Iterator
+from itertools import filterfalse, repeat
 
-from kvtier.store.policies.base import Keys, Policy, count_in
+from kvtier.store.policies.base import Keys, Policy
 from kvtier.store.policies.ghost import GhostFilter
-from kvtier.store.policies.queue import KeyQueue
 
 MAX_FREQ = 3
+IN_MAIN = 4
+"""Added to a key's count in ``_state`` when the key is in ``M``."""
+_BUMPED = tuple(v if v & MAX_FREQ == MAX_FREQ else v + 1 for v in range(2 * IN_MAIN))
+"""``_BUMPED[state]``: the state after one more access (the count saturates at 3)."""
 
 
 class S3FIFO(Policy):
@@ -49,39 +60,57 @@ class S3FIFO(Policy):
         self._small_target = small_ratio * capacity
         self._ghost_capacity = max(1, capacity - int(self._small_target))
         self._move_at = move_to_main_at
-        self._small, self._main = KeyQueue(), KeyQueue()
+        self._small: deque[Hashable] = deque()  # S, oldest first
+        self._main: deque[Hashable] = deque()  # M, oldest first
+        self._state: dict[Hashable, int] = {}  # resident key -> in_main * IN_MAIN + count
         self._ghost = GhostFilter(self._ghost_capacity)
 
     def on_insert(self, keys: Keys) -> None:
+        state = self._state
         remembered = [k for k, _ in self._ghost.pop_all(keys)] if len(self._ghost) else []
         if remembered:
-            self._main.push(remembered)
-            fresh = set(remembered)
-            self._small.push([k for k in keys if k not in fresh])
+            back = set(remembered)
+            fresh = [k for k in keys if k not in back]
+            self._main.extend(remembered)
+            state.update(zip(remembered, repeat(IN_MAIN)))
         else:
-            self._small.push(keys)
+            fresh = list(keys)
+        self._small.extend(fresh)
+        state.update(zip(fresh, repeat(0)))
 
     def on_access(self, keys: Keys) -> None:
-        self._main.bump(self._small.bump(keys, MAX_FREQ), MAX_FREQ)
+        # state[k] = _BUMPED[state[k]] for each key in turn, at C speed (update reads each
+        # state after the previous writes, so a repeated key counts twice)
+        state = self._state
+        state.update(zip(keys, map(_BUMPED.__getitem__, map(state.__getitem__, keys)), strict=True))
 
     def on_remove(self, keys: Keys) -> None:
-        for k in keys:
-            (self._small if k in self._small else self._main).remove(k)
+        gone = set(keys)
+        for k in gone:
+            del self._state[k]
+        self._small = deque(filterfalse(gone.__contains__, self._small))
+        self._main = deque(filterfalse(gone.__contains__, self._main))
 
     def __len__(self) -> int:
-        return len(self._small) + len(self._main)
+        return len(self._state)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._small or key in self._main
+        return key in self._state
 
     def resident(self) -> Iterator[Hashable]:
-        yield from self._small
-        yield from self._main
+        return iter(self._state)
 
     def _select(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
         # protected keys never move between queues here, so their counts per queue are fixed
-        small, main = self._small, self._main
-        in_small, in_main = count_in(protected, small), count_in(protected, main)
+        small, main, state = self._small, self._main, self._state
+        in_small = in_main = 0
+        for k in protected:
+            v = state.get(k)
+            if v is not None:
+                if v >= IN_MAIN:
+                    in_main += 1
+                else:
+                    in_small += 1
         chosen: list[Hashable] = []
         from_small: list[Hashable] = []
         while len(chosen) < n:
@@ -94,45 +123,49 @@ class S3FIFO(Policy):
                     from_small.append(key)
             else:
                 chosen.append(self._evict_main(protected))
-        self._remember(from_small)
+        self._ghost.add_all(from_small, [0] * len(from_small))
         return chosen
-
-    def _remember(self, evicted: list[Hashable]) -> None:
-        """Keys evicted from S enter the ghost. Once per ``_select``, to the same end: the
-        ghost is not read while victims are chosen."""
-        self._ghost.add_all(evicted, [0] * len(evicted))
 
     def _evict_small(self, protected: Collection[Hashable], unprotected: int) -> Hashable | None:
         """Scan S from its oldest key: promote accessed keys, evict the first unaccessed one."""
-        small, main, move_at = self._small, self._main, self._move_at
+        small, main, state, move_at = self._small, self._main, self._state, self._move_at
         while unprotected:
-            key, freq = small.pop_oldest()
-            if key in protected:
-                small.push((key,), freq)
+            key = small.popleft()
+            if protected and key in protected:
+                small.append(key)
                 continue
             unprotected -= 1
-            if freq >= move_at:
-                main.push((key,))
+            if state[key] >= move_at:
+                state[key] = IN_MAIN
+                main.append(key)
                 continue
+            del state[key]
             return key
         return None
 
     def _evict_main(self, protected: Collection[Hashable]) -> Hashable:
         """CLOCK over M: age keys with accesses left, evict the first without."""
-        main = self._main
+        main, state = self._main, self._state
         while True:
-            key, freq = main.pop_oldest()
-            if key in protected:
-                main.push((key,), freq)
-            elif freq:
-                main.push((key,), freq - 1)
-            else:
-                return key
+            key = main.popleft()
+            if protected and key in protected:
+                main.append(key)
+                continue
+            v = state[key]
+            if v > IN_MAIN:
+                state[key] = v - 1
+                main.append(key)
+                continue
+            del state[key]
+            return key
 
     def check_invariants(self) -> None:
         super().check_invariants()
-        if set(self._small) & set(self._main):
-            raise AssertionError("s3fifo: a key is in both S and M")
+        small, main, state = set(self._small), set(self._main), self._state
+        if small & main or len(small) + len(main) != len(state):
+            raise AssertionError("s3fifo: a key is in both S and M, or in neither")
+        if len(self._small) + len(self._main) != len(state):
+            raise AssertionError("s3fifo: a queue holds a key twice")
+        if any((state.get(k, -1) >= IN_MAIN) != (k in main) for k in small | main):
+            raise AssertionError("s3fifo: a key's state names the wrong queue")
         self._ghost.check_invariants()
-        if len(set(self._small)) + len(set(self._main)) != len(self):
-            raise AssertionError("s3fifo: a queue's length disagrees with its keys")
