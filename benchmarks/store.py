@@ -40,6 +40,9 @@ from kvtier.store import ONLINE_POLICIES, Belady, ChunkState, ChunkStore, Policy
 Batch = list[ChunkKey]
 MAX_COST_RATIO = 4.0
 MAX_METADATA_BYTES = 256.0
+READY, ABSENT = ChunkState.READY, ChunkState.ABSENT
+"""Hoisted: reading an enum member off its class costs ~70 ns on Python 3.11, which in the
+request loop's filters would be timed as the store's cost (a caller hoists them too)."""
 
 
 def make_trace(num_keys: int, num_requests: int, batch: int, seed: int) -> list[Batch]:
@@ -63,8 +66,8 @@ def make_policy_for(name: str, capacity: int, trace: Sequence[Batch]) -> str | P
 def store_request(store: ChunkStore, request: Batch) -> int:
     """One request through the protocol; returns how many keys hit."""
     states = store.lookup(request)
-    hits = [k for k, s in zip(request, states, strict=True) if s is ChunkState.READY]
-    misses = [k for k, s in zip(request, states, strict=True) if s is ChunkState.ABSENT]
+    hits = [k for k, s in zip(request, states, strict=True) if s is READY]
+    misses = [k for k, s in zip(request, states, strict=True) if s is ABSENT]
     if hits:
         store.complete_load(store.prepare_load(hits))
     if misses:
