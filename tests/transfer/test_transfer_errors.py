@@ -69,6 +69,11 @@ def test_block_axis_must_be_zero_or_one() -> None:
         GroupKV((layer(),), block_axis=2)  # type: ignore[arg-type]
 
 
+def test_load_threads_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="load_threads must be at least 1, got 0"):
+        TransferEngine(LAYOUT, good_kv(), load_threads=0)
+
+
 def test_both_block_axes_register_for_one_layout() -> None:
     TransferEngine(LAYOUT, [GroupKV((layer(axis=1), layer(axis=1)), block_axis=1), good_kv()[1]])
 

@@ -252,3 +252,30 @@ def test_runs_of_consecutive_blocks_move_like_scattered_blocks(
     for now, before in zip(kv.layers, original, strict=True):
         assert blocks_equal(now, before, axis, moved_to, moved_from)
         assert blocks_equal(now, before, axis, rest, rest)
+
+
+@pytest.mark.parametrize("runs", [False, True], ids=["shuffled", "runs"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_load_split_over_threads_restores_every_block(threads: int, runs: bool) -> None:
+    """48 chunks of 64 KiB (3 MiB) into one slab: a load over 3 threads splits by slot."""
+    gen = torch.Generator().manual_seed(9)
+    layout = Layout((Group("full", 16, 4),))
+    kv = random_group(2, 0, num_blocks=200, tokens=16, dtype=torch.bfloat16, gen=gen,
+                      heads=8, dim=16)
+    original = snapshot(kv)
+    if runs:
+        starts = (torch.randperm(50, generator=gen)[:48] * 4).tolist()
+        tables = [[s + k for k in range(4)] for s in starts]
+    else:
+        tables = torch.randperm(200, generator=gen)[:192].view(48, 4).tolist()
+    with engine_for(layout, [kv], load_threads=threads) as engine:
+        assert engine.chunk_bytes(0) == 64 << 10
+        slab = make_slots(engine, 48)
+        copies = [ChunkCopy(0, slab[i], ids) for i, ids in enumerate(tables)]
+        assert engine.wait(engine.submit_store(copies)).ok
+        for t in kv.layers:
+            t.zero_()
+        assert engine.wait(engine.submit_load(copies)).ok
+    moved = [b for ids in tables for b in ids]
+    for now, before in zip(kv.layers, original, strict=True):
+        assert blocks_equal(now, before, 0, moved, moved)

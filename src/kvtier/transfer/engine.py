@@ -69,6 +69,7 @@ class _Worker:
     def stop(self) -> None:
         self._queue.put(None)
         self._thread.join()
+        self._mover.close()
 
     def _loop(self) -> None:
         run = self._mover.store if self.direction == "store" else self._mover.load
@@ -88,16 +89,22 @@ class TransferEngine:
     checked here (``ValueError`` says what to fix). ``fault``, for tests, is called with
     each copy just before its slot bytes move; if it raises, that job fails and later jobs
     run normally. ``staging_bytes`` bounds the staging buffer of each direction.
+    ``load_threads`` (CPU only): threads one load spreads its numpy copies over, by slot
+    (stores spread over torch's intra-op threads inside ``index_select``); ``None``, the
+    default, takes torch's intra-op thread count.
     """
 
     def __init__(
         self, layout: Layout, kv: Sequence[GroupKV], *, fault: FaultHook | None = None,
-        staging_bytes: int = DEFAULT_STAGING_BYTES,
+        staging_bytes: int = DEFAULT_STAGING_BYTES, load_threads: int | None = None,
     ) -> None:
+        if load_threads is not None and load_threads < 1:
+            raise ValueError(f"load_threads must be at least 1, got {load_threads}")
         self._views, self.device = build_views(layout, kv)
         self._layout = layout
         self._fault = fault
         self._staging_bytes = staging_bytes
+        self._load_threads = load_threads
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._pending: set[int] = set()
@@ -148,7 +155,8 @@ class TransferEngine:
             if self._workers:
                 return
             for direction in ("store", "load"):
-                mover = Mover(self.device, self._fault, self._staging_bytes)
+                threads = self._load_threads or torch.get_num_threads()
+                mover = Mover(self.device, self._fault, self._staging_bytes, threads)
                 self._workers[direction] = _Worker(direction, mover, self._report)
 
     def submit_store(self, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:

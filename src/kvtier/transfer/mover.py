@@ -3,7 +3,8 @@
 The slot side of a batch is always a ``[n, chunk_words]`` word view in slot layout, and
 copies move with one batched ``index_select`` (store) or ``index_copy_`` (load) per block
 position and layer piece, over all the batch's chunks at once (a CPU load: one numpy
-assignment per layer piece, see :func:`_scatter`). That view is either
+assignment per layer piece, split by slot over torch's intra-op thread count, see
+:class:`CpuScatter`). That view is either
 
 * the slots themselves, when they are evenly spaced rows of one slab on the KV device (the
   CPU): one pass, no staging (:func:`slab_rows`); or
@@ -18,6 +19,7 @@ been reached. On the CPU the same code runs synchronously on ordinary memory.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
@@ -33,6 +35,9 @@ ROW_WORDS = 1 << 15
 fewer elements by parallel memcpy, longer ones by a per-row element loop (measured: random
 256 KiB int64 rows at 0.5-0.7 of a contiguous copy, 128 KiB rows at 0.95-1.0), so runs stop
 short of it."""
+
+MIN_PART_BYTES = 1 << 20
+"""A CPU load is split over threads only in parts of at least this many bytes."""
 
 FaultHook = Callable[[ChunkCopy], None]
 """Called with each copy just before its slot bytes move; raising fails the job (tests)."""
@@ -155,14 +160,22 @@ class Mover:
     """Runs store and load batches for one direction, on its own CUDA stream if any.
 
     ``staging_bytes`` bounds the staging buffer; a batch that needs more runs in parts.
+    ``load_threads`` (CPU): how many threads one load batch may spread over.
     """
 
-    def __init__(self, device: torch.device, fault: FaultHook | None, staging_bytes: int) -> None:
+    def __init__(self, device: torch.device, fault: FaultHook | None, staging_bytes: int,
+                 load_threads: int = 1) -> None:
         self._device = device
         self._fault = fault
         self._staging_bytes = staging_bytes
         self._staging = Staging(device)
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._cpu_scatter = CpuScatter(load_threads) if device.type == "cpu" else None
+
+    def close(self) -> None:
+        """Stop the helper threads of CPU loads, if any ran (idempotent)."""
+        if self._cpu_scatter is not None:
+            self._cpu_scatter.close()
 
     def store(self, batches: Sequence[Batch], ready: object | None) -> None:
         """Engine blocks -> slots. ``ready``: a CUDA event the copies must wait for."""
@@ -185,12 +198,20 @@ class Mover:
                 direct = slab_rows(batch)
                 if direct is not None:
                     self._check_faults(batch)
-                    _scatter(batch, direct)
+                    self._scatter(batch, direct)
                     continue
                 for part in self._parts(batch):
                     staged = self._staging.rows(part)
                     self._slots_to_staging(part, staged)
-                    _scatter(part, staged)
+                    self._scatter(part, staged)
+
+    def _scatter(self, batch: Batch, staged: torch.Tensor) -> None:
+        """Slot-layout rows ``staged`` -> KV blocks."""
+        if self._cpu_scatter is not None and staged.device.type == "cpu":
+            self._cpu_scatter(batch, staged)
+            return
+        for rows, ids, src in placements(batch, staged):
+            rows.index_copy_(0, ids, src)
 
     def _parts(self, batch: Batch) -> list[Batch]:
         return batch.split(self._staging_bytes // batch.view.chunk_bytes)
@@ -244,15 +265,40 @@ def _gather(batch: Batch, staged: torch.Tensor) -> None:
         torch.index_select(rows, 0, ids, out=dst)
 
 
-def _scatter(batch: Batch, staged: torch.Tensor) -> None:
-    """Slot-layout rows ``staged`` -> KV blocks.
+class CpuScatter:
+    """CPU loads: one numpy assignment per layer piece moves every block position at memcpy
+    speed (``index_copy_`` moves one word per element), the batch's slots split into up to
+    ``threads`` parts that run at once (numpy lets go of the GIL while it copies), as
+    ``index_select`` spreads a store over torch's intra-op threads.
 
-    On the CPU one numpy assignment per layer piece moves every block position: a single
-    pass at memcpy speed, where ``index_copy_`` moves one word per element.
+    The helper threads start with the first split batch, not here; :meth:`close` ends them.
+    Example: 256 slots of 256 KiB and 2 threads: slots 0..127 on a helper, 128..255 here.
     """
-    if staged.device.type == "cpu":
-        for dst, at, plane in planes(batch, staged):
-            dst[at] = plane  # a load writes each block once (checked at submit)
-        return
-    for rows, ids, src in placements(batch, staged):
-        rows.index_copy_(0, ids, src)
+
+    def __init__(self, threads: int) -> None:
+        self._threads = max(1, threads)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max(1, self._threads - 1), thread_name_prefix="kvtier-load")
+
+    def __call__(self, batch: Batch, staged: torch.Tensor) -> None:
+        moves = list(planes(batch, staged))  # a load writes each block once (checked at submit)
+        n = int(staged.shape[0])
+        parts = max(1, min(self._threads, n, n * batch.view.chunk_bytes // MIN_PART_BYTES))
+        edges = [n * k // parts for k in range(parts + 1)]
+        helpers = [self._pool.submit(_assign, moves, edges[k], edges[k + 1])
+                   for k in range(parts - 1)]
+        try:
+            _assign(moves, edges[-2], edges[-1])
+        finally:  # never report a job done while a helper still writes its blocks
+            concurrent.futures.wait(helpers)
+        for helper in helpers:
+            helper.result()  # raises what the helper raised
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _assign(moves: list[tuple[np.ndarray, ...]], lo: int, hi: int) -> None:
+    """Slots ``lo..hi-1`` of every ``(KV rows, block ids, slot plane)`` move."""
+    for dst, at, plane in moves:
+        dst[at[lo:hi]] = plane[lo:hi]
