@@ -48,19 +48,32 @@ class ARC(Policy):
     def on_insert(self, keys: Keys) -> None:
         # One key at a time, as in the paper, with list sizes kept in local counts. T1 and T2
         # are only counted here (ghost trims read their sizes, never their order), so the
-        # keys bound for them are pushed together at the end, in the same order.
+        # keys bound for them are pushed together at the end, in the same order. Ghost
+        # trims are owed and paid in batches: before a key that may be a ghost is tested
+        # (a trim may forget it) and at the end. Only keys that are ghosts now can be ghost
+        # hits below: trims forget ghosts, nothing here adds one.
         c = self.capacity
         b1, b2 = self._b1, self._b2
         n_t1, n_t2, n_b1, n_b2 = len(self._t1), len(self._t2), len(b1), len(b2)
+        ghosts = set(b1.live_among(keys)) if n_b1 else set()
+        if n_b2:
+            ghosts.update(b2.live_among(keys))
+        trim1 = trim2 = 0
         to_t1, to_t2 = [], []
         for key in keys:
-            if n_b1 and key in b1:
+            where = 0
+            if ghosts and key in ghosts:
+                b1.drop_oldest(trim1)
+                b2.drop_oldest(trim2)
+                trim1 = trim2 = 0
+                where = 1 if key in b1 else 2 if key in b2 else 0
+            if where == 1:
                 self.p = min(float(c), self.p + max(n_b2 / n_b1, 1.0))
                 b1.remove(key)
                 n_b1 -= 1
                 to_t2.append(key)
                 n_t2 += 1
-            elif n_b2 and key in b2:
+            elif where == 2:
                 self.p = max(0.0, self.p - max(n_b1 / n_b2, 1.0))
                 b2.remove(key)
                 n_b2 -= 1
@@ -70,21 +83,21 @@ class ARC(Policy):
                 # keep |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c after the insert
                 if n_t1 + n_b1 >= c:
                     if n_b1:
-                        b1.pop_oldest()
+                        trim1 += 1
                         n_b1 -= 1
                 elif n_t1 + n_t2 + n_b1 + n_b2 >= 2 * c and n_b2:
-                    b2.pop_oldest()
+                    trim2 += 1
                     n_b2 -= 1
                 to_t1.append(key)
                 n_t1 += 1
+        b1.drop_oldest(trim1)
+        b2.drop_oldest(trim2)
         self._t1.push(to_t1)
         self._t2.push(to_t2)
 
     def on_access(self, keys: Keys) -> None:
         # keys in T1 move to T2's new end; keys in T2 move to its new end, in access order
-        if self._t1:
-            self._t1.take(keys)
-        self._t2.move_or_push(keys)
+        self._t2.move_from(self._t1, keys)
 
     def on_remove(self, keys: Keys) -> None:
         for k in keys:
