@@ -93,5 +93,5 @@ class ReplayBelady(Belady):
         super()._use(fresh)
         for k in keys:
             if k not in self:  # an insert that repeats a counted reference: re-read its use
-                self._uses[k] = self._uses.get(k, 1) - 1
+                self.uncount(k)
                 super()._use([k])
