@@ -207,7 +207,7 @@ class Mover:
 
     def _scatter(self, batch: Batch, staged: torch.Tensor) -> None:
         """Slot-layout rows ``staged`` -> KV blocks."""
-        if self._cpu_scatter is not None and staged.device.type == "cpu":
+        if self._cpu_scatter is not None:  # the CPU: staged and KV are host memory
             self._cpu_scatter(batch, staged)
             return
         for rows, ids, src in placements(batch, staged):
