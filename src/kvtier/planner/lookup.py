@@ -12,7 +12,7 @@ stops at its first candidate.
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -41,8 +41,10 @@ def candidate_boundaries(
 ) -> list[int]:
     """Admissible consumer boundaries past ``on_device``, largest first."""
     bounds = coverage.admissible_boundaries(layout, num_prompt_tokens, num_prompt_tokens)
-    top = None if max_load_tokens is None else on_device + max_load_tokens
-    return [b for b in reversed(bounds) if b > on_device and (top is None or b <= top)]
+    low = bisect_right(bounds, on_device)
+    high = len(bounds) if max_load_tokens is None else bisect_right(
+        bounds, on_device + max_load_tokens)
+    return list(bounds[low:high][::-1])
 
 
 def ready_at(
@@ -85,10 +87,12 @@ def common_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> 
     Example: full attention, 16-token chunks, candidates 64..16, nothing on device: chunk 0.
     """
     bottom = candidates[-1]
-    return [
-        coverage.load_chunks(g, bottom, on_device) if coverage.needs_predecessor(g) else range(0)
-        for g in layout.groups
-    ]
+    return [_common(g, coverage.load_chunks(g, bottom, on_device)) for g in layout.groups]
+
+
+def _common(group: Group, bottom: range) -> range:
+    """``common_chunks`` of one group, from the smallest candidate's load range."""
+    return bottom if coverage.needs_predecessor(group) else range(0)
 
 
 def assess(
@@ -110,55 +114,64 @@ def assess(
     ready and best readable boundaries load).
     """
     walks = [_GroupWalk(gi, g) for gi, g in enumerate(layout.groups)]
+    best = [on_device, on_device, on_device]
     if not candidates:
-        return Availability(on_device, on_device, on_device), [w.keys for w in walks]
+        return Availability(*best), [w.keys for w in walks]
+    settled = [False, False, False]
+    tops = []
     for w in walks:
         top = coverage.load_chunks(w.group, candidates[0], on_device)
         bottom = coverage.load_chunks(w.group, candidates[-1], on_device)
-        if top or bottom:
-            ends = [r for r in (top, bottom) if r]
-            w.classify(range(min(r.start for r in ends), max(r.stop for r in ends)),
-                       chain, states, loading_elsewhere)
-    best = [on_device, on_device, on_device]
-    settled = [False, False, False]
-    for w, chunks in zip(walks, common_chunks(layout, candidates, on_device), strict=True):
-        for which in range(3):
-            settled[which] = settled[which] or w.any_bad(which, chunks)
-    for b in candidates:
+        w.prefetch(top, bottom, chain, states, loading_elsewhere)
+        fails = w.fails(_common(w.group, bottom))
+        settled = [was or fail for was, fail in zip(settled, fails, strict=True)]
+        tops.append(top)
+    for i, b in enumerate(candidates):
         if all(settled):
             break
         ok = [True, True, True]
-        for w in walks:
-            chunks = coverage.load_chunks(w.group, b, on_device)
-            if chunks:
-                w.classify(chunks, chain, states, loading_elsewhere)
-                for which in range(3):
-                    ok[which] = ok[which] and not w.any_bad(which, chunks)
+        for w, top in zip(walks, tops, strict=True):
+            chunks = top if i == 0 else coverage.load_chunks(w.group, b, on_device)
+            w.classify(chunks, chain, states, loading_elsewhere)
+            ok = [good and not fail for good, fail in zip(ok, w.fails(chunks), strict=True)]
         for which in range(3):
             if ok[which] and not settled[which]:
                 best[which], settled[which] = b, True
     return Availability(*best), [w.keys for w in walks]
 
 
-_READY, _PINNED, _WRITING = ChunkState.READY, ChunkState.PINNED, ChunkState.WRITING
+_READY, _PINNED, _ABSENT = ChunkState.READY, ChunkState.PINNED, ChunkState.ABSENT
 
 
 class _GroupWalk:
     """One group's chunks classified so far, as the candidates are walked downwards.
 
-    Every chunk is classified once. Load ranges only move left as the boundary shrinks
-    (both ends of ``required`` never decrease as ``b`` grows), so a range that does is
-    checked against the previous one in O(1); any other is checked chunk by chunk.
-    ``bad[k]`` holds, sorted, the chunks that fail kind ``k`` (0 ready, 1 readable, 2 soon;
-    see ``Availability``). Example: sliding window 128 in 64-token chunks, candidates 640
-    then 576: chunks 8-9, then only chunk 7.
+    Every chunk is classified once. ``prefetch`` classifies every chunk between the
+    smallest and the largest candidate's load ranges: both ends of a load range never
+    decrease as the boundary grows, so every candidate's range lies in between and
+    ``classify`` answers in O(1); a range outside is checked chunk by chunk. ``bad[k]``
+    holds, sorted, the chunks that fail kind ``k`` (0 ready, 1 readable, 2 soon; see
+    ``Availability``). Example: sliding window 128 in 64-token chunks, candidates 640 down
+    to 64: chunks 0-9 in one store lookup.
     """
 
     def __init__(self, gi: int, group: Group) -> None:
         self.gi, self.group = gi, group
         self.keys: dict[int, ChunkKey] = {}
         self.bad: tuple[list[int], list[int], list[int]] = ([], [], [])
-        self._last = range(0)
+        self._seen = range(0)
+
+    def prefetch(
+        self, top: range, bottom: range, chain: KeyChain,
+        states: Callable[[list[ChunkKey]], list[ChunkState]],
+        loading_elsewhere: Callable[[ChunkKey], bool] | None,
+    ) -> None:
+        """Classify every chunk from the start of ``bottom`` to the end of ``top``."""
+        ends = [r for r in (top, bottom) if r]
+        if ends:
+            hull = range(min(r.start for r in ends), max(r.stop for r in ends))
+            self.classify(hull, chain, states, loading_elsewhere)
+            self._seen = hull
 
     def classify(
         self, chunks: range, chain: KeyChain,
@@ -166,9 +179,9 @@ class _GroupWalk:
         loading_elsewhere: Callable[[ChunkKey], bool] | None,
     ) -> None:
         """Classify the chunks of ``chunks`` not seen yet (one batched store lookup)."""
-        last, self._last = self._last, chunks
-        if last and chunks.start <= last.start and chunks.stop <= last.stop:
-            chunks = range(chunks.start, min(chunks.stop, last.start))  # the rest is seen
+        seen = self._seen
+        if not chunks or (seen.start <= chunks.start and chunks.stop <= seen.stop):
+            return
         todo = [c for c in chunks if c not in self.keys]
         if not todo:
             return
@@ -182,11 +195,22 @@ class _GroupWalk:
                 insort(ready, c)
             if not ok:
                 insort(readable, c)
-            if not (ok or other or st is _WRITING):
+            if not (ok or other) and st is _ABSENT:
                 insort(soon, c)
 
-    def any_bad(self, which: int, chunks: range) -> bool:
-        """Whether a chunk of ``chunks`` (all classified) fails kind ``which``."""
-        bad = self.bad[which]
-        i = bisect_left(bad, chunks.start)
-        return i < len(bad) and bad[i] < chunks.stop
+    def fails(self, chunks: range) -> tuple[bool, bool, bool]:
+        """Whether a chunk of ``chunks`` (all classified) fails each kind. A chunk that
+        fails soon fails readable, and one that fails readable fails ready."""
+        if not chunks or not _any_in(self.bad[0], chunks):
+            return _PASS
+        if not _any_in(self.bad[1], chunks):
+            return _NOT_READY
+        return (True, True, _any_in(self.bad[2], chunks))
+
+
+_PASS, _NOT_READY = (False, False, False), (True, False, False)
+
+
+def _any_in(sorted_chunks: list[int], chunks: range) -> bool:
+    i = bisect_left(sorted_chunks, chunks.start)
+    return i < len(sorted_chunks) and sorted_chunks[i] < chunks.stop
