@@ -129,8 +129,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
-        self._sched().after_alloc(request.request_id, blocks.get_block_ids(),
-                                  num_external_tokens)
+        if num_external_tokens:  # otherwise the step's scheduler output has the blocks
+            self._sched().after_alloc(request.request_id, blocks.get_block_ids(),
+                                      num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         sched = self._sched()

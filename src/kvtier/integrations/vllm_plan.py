@@ -34,7 +34,7 @@ waits for the stores still reading it before anything writes it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvtier import coverage
 from kvtier.boundaries import BoundaryMode
@@ -77,8 +77,17 @@ class StepPlan:
 @dataclass
 class _Request:
     tables: list[list[int | None]]
+    num_prompt: int
     num_tokens: int = 0
     prior_horizon: int = 0
+    """The last horizon store planning saw."""
+    num_boundaries: int = 0
+    """Admissible boundaries at the last horizon handed to ``Planner.on_computed``."""
+    retry: bool = False
+    """The last ``on_computed`` had a store refused: call it again next step."""
+    live_from: list[int] = field(default_factory=list)
+    """Per group, ``coverage.retained_blocks(group, prior_horizon).start``: blocks before
+    it are never read by a later store (see ``_forget_reallocated``)."""
 
 
 @dataclass
@@ -124,6 +133,9 @@ class ConnectorScheduler:
         self._ready: set[ChunkKey] = set()
         self.events: list[StoreEvent] = []
         self.store.subscribe(self._on_event)
+        # vLLM frees a full group's blocks only with the request: only the other groups'
+        # tables can hold blocks vLLM handed to another request.
+        self._windowed = [gi for gi, g in enumerate(layout.groups) if g.kind != "full"]
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -131,7 +143,8 @@ class ConnectorScheduler:
         """A new request: its prompt is hashed once, here."""
         self.planner.add_request(request_id, prompt, salt=salt, limits=self._limits)
         empty: list[list[int | None]] = [[] for _ in self.layout.groups]
-        self._requests[request_id] = _Request(empty, len(prompt))
+        self._requests[request_id] = _Request(empty, len(prompt), len(prompt),
+                                              live_from=[0] * len(self.layout.groups))
 
     def lookup(self, request_id: str, num_computed: int) -> tuple[int | None, bool]:
         """vLLM's ``(num_external_tokens, load_async)``; ``None`` asks vLLM to wait."""
@@ -146,12 +159,17 @@ class ConnectorScheduler:
     def after_alloc(
         self, request_id: str, block_ids: Sequence[BlockIds], num_external: int
     ) -> None:
-        """vLLM allocated blocks; for a hit, plan its load into them."""
-        self._fresh.update(b for ids in block_ids for b in ids if b)
+        """vLLM allocated blocks; for a hit, plan its load into them.
+
+        Without a hit vLLM schedules the request in this step, and ``step`` sees its
+        blocks; with one it may not (the load runs first), so they are marked fresh here.
+        """
         if num_external == 0:
             return
+        for ids in block_ids:
+            self._fresh.update(ids)
         self._unaccepted.discard(request_id)
-        table = [[b or None for b in ids] for ids in block_ids]
+        table = [_table_ids(ids) for ids in block_ids]
         job = self.planner.accept_hit(request_id, table)
         self._loads.append(job)
         self._jobs[job.id] = _Job(job, self.num_workers)
@@ -167,6 +185,7 @@ class ConnectorScheduler:
         if req is not None:
             self.planner.preempt(request_id)
             req.tables, req.prior_horizon = [[] for _ in self.layout.groups], 0
+            req.num_boundaries, req.live_from = 0, [0] * len(self.layout.groups)
 
     # ---- steps -------------------------------------------------------------------------
 
@@ -176,15 +195,18 @@ class ConnectorScheduler:
         """Plan one step: ``requests`` scheduled in it, ``reallocated`` other block ids
         vLLM (re)wrote this step (e.g. copy destinations)."""
         steps = list(requests)
-        self._fresh.update(b for b in reallocated if b)
-        self._fresh.update(b for s in steps for ids in s.block_ids or () for b in ids if b)
+        fresh = self._fresh
+        fresh.update(reallocated)
+        for s in steps:
+            for ids in s.block_ids or ():
+                fresh.update(ids)
+        fresh.discard(0)  # vLLM's null block
         self._forget_reallocated()  # before this step's blocks join the tables
         for s in steps:
             self._update_table(s)
         # Fence before planning this step's stores: those run after the forward, and read
         # the blocks this step writes.
-        flush = sorted({j for g in range(len(self.layout.groups))
-                        for j in self.planner.fence(g, self._fresh)})
+        flush = self._fences(fresh)
         stores = [job for s in steps if (job := self._store(s)) is not None]
         for request_id in self._unaccepted:
             self.planner.decline_hit(request_id)
@@ -192,12 +214,19 @@ class ConnectorScheduler:
         self._loads, self._fresh, self._unaccepted = [], set(), set()
         return plan
 
+    def _fences(self, fresh: set[int]) -> list[int]:
+        """Store jobs still reading any of the ``fresh`` blocks, in id order."""
+        if not fresh or not self.planner.jobs_in_flight:
+            return []
+        return sorted({j for g in range(len(self.layout.groups))
+                       for j in self.planner.fence(g, fresh)})
+
     def _update_table(self, s: StepRequest) -> None:
         req = self._requests[s.request_id]
         if s.block_ids is None:
             return
         for gi, ids in enumerate(s.block_ids):
-            new = [b or None for b in ids]
+            new = _table_ids(ids)
             if s.full_table:
                 req.tables[gi] = new
             else:
@@ -207,16 +236,14 @@ class ConnectorScheduler:
         """Blocks vLLM freed and handed out again no longer hold a request's KV. Only the
         blocks a later store may still read are checked: from ``retained_blocks`` at the
         last planned horizon on (retained spans only move right)."""
-        if not self._fresh:
+        fresh = self._fresh
+        if not fresh or not self._windowed:
             return
         for req in self._requests.values():
-            for gi, group in enumerate(self.layout.groups):
-                if group.kind == "full":
-                    continue  # vLLM frees a full group's blocks only with the request
+            for gi in self._windowed:
                 table = req.tables[gi]
-                start = coverage.retained_blocks(group, req.prior_horizon).start
-                for i in range(start, len(table)):
-                    if table[i] in self._fresh:
+                for i in range(req.live_from[gi], len(table)):
+                    if table[i] in fresh:
                         table[i] = None
 
     def _store(self, s: StepRequest) -> TransferJob | None:
@@ -227,11 +254,24 @@ class ConnectorScheduler:
         horizon = min(s.horizon, req.num_tokens)
         if horizon <= req.prior_horizon:
             return None
-        req.prior_horizon = horizon
+        crossed_prompt = req.prior_horizon < req.num_prompt <= horizon
+        self._advance(req, horizon)
+        num_boundaries = len(coverage.admissible_boundaries(self.layout, horizon))
+        if num_boundaries == req.num_boundaries and not req.retry and not crossed_prompt:
+            return None  # no boundary passed (most decoding steps): nothing became storable
+        req.num_boundaries = num_boundaries
+        metrics = self.planner.metrics
+        refusals = metrics.store_refusals
         job = self.planner.on_computed(s.request_id, horizon, req.tables)
+        req.retry = metrics.store_refusals > refusals
         if job is not None:
             self._jobs[job.id] = _Job(job, self.num_workers)
         return job
+
+    def _advance(self, req: _Request, horizon: int) -> None:
+        req.prior_horizon = horizon
+        for gi in self._windowed:
+            req.live_from[gi] = coverage.retained_blocks(self.layout.groups[gi], horizon).start
 
     # ---- worker reports ----------------------------------------------------------------
 
@@ -275,3 +315,11 @@ class ConnectorScheduler:
     def clear_cache(self) -> int:
         """Drop every stored chunk no load is reading; returns how many were dropped."""
         return len(self.store.remove(list(self._ready)))
+
+
+def _table_ids(ids: BlockIds) -> list[int | None]:
+    """vLLM's block ids as a planner block-table row: vLLM's null block 0 becomes None."""
+    return list(map(_NULL_TO_NONE.get, ids, ids))
+
+
+_NULL_TO_NONE: dict[int, None] = {0: None}
