@@ -10,8 +10,22 @@ vLLM's real ``Scheduler`` three times: with no connector (the baseline), with na
 offloading and with kvtier. Workers are emulated the same way for both connectors: every
 transfer job is reported done in the step that issued it, so only scheduler-side work is
 timed. Reported per configuration: scheduler time per step (``schedule`` plus
-``update_from_output``), its overhead over the baseline, hit tokens, and stored bytes
-(blocks a store job copies times their bytes). The last line is one JSON object.
+``update_from_output``, best of ``--repeats``), its overhead over the baseline, hit tokens,
+and stored bytes (blocks a store job copies times their bytes). The last line is one JSON
+object.
+
+Like with like. vLLM's native connector stores prompts only by default
+(``offload_prompt_only``); kvtier's default (``store: all``) also stores answers, for
+multi-turn chat. This stream never continues a conversation, so no request here can use
+an answer chunk, and comparing the defaults would charge kvtier for chunks native never
+offered to store. The target is therefore judged on the prompt-only pair: ``native``
+against ``kvtier`` (dense boundaries) and ``kvtier-shared`` (``boundaries: shared``), all
+storing prompts only. The answer-storing pair is reported beside it (``native-all`` with
+``offload_prompt_only: false`` against ``kvtier-all`` and ``kvtier-shared-all``, kvtier's
+default ``store: all``), judged the same way in ``met_all``. With full attention both pairs
+store the same chunks; with a sliding window, native serves a hit only at each prompt's end
+(and stores no answer chunk of the window group), dense kvtier serves every boundary and
+``shared`` the prompt end plus the point where a lookup saw another request's prefix.
 """
 
 from __future__ import annotations
@@ -112,16 +126,27 @@ CONFIGS = {
     "full+swa128": [SimGroup("full", 16, num_layers=2), SimGroup("swa", 16, num_layers=2,
                                                               window=128)],
 }
+NATIVE = {"cpu_bytes_to_use": HOST_BYTES, "block_size": CHUNK}
+KVTIER = {"host_bytes": HOST_BYTES, "chunk_tokens": CHUNK}
+KVTIER_MODULE = "kvtier.integrations.vllm"
 CONNECTORS = {
     "none": (None, None, {}, none_report),
-    "native": ("OffloadingConnector", None,
-               {"cpu_bytes_to_use": HOST_BYTES, "block_size": CHUNK}, native_report),
-    "kvtier": ("KvtierConnector", "kvtier.integrations.vllm",
-               {"host_bytes": HOST_BYTES, "chunk_tokens": CHUNK}, kvtier_report),
-    "kvtier-shared": ("KvtierConnector", "kvtier.integrations.vllm",
-                      {"host_bytes": HOST_BYTES, "chunk_tokens": CHUNK, "boundaries": "shared"},
-                      kvtier_report),
+    # prompts only: the pair the target is judged on (native's default)
+    "native": ("OffloadingConnector", None, NATIVE, native_report),
+    "kvtier": ("KvtierConnector", KVTIER_MODULE, {**KVTIER, "store": "prompt"}, kvtier_report),
+    "kvtier-shared": ("KvtierConnector", KVTIER_MODULE,
+                      {**KVTIER, "store": "prompt", "boundaries": "shared"}, kvtier_report),
+    # prompts and answers (kvtier's default)
+    "native-all": ("OffloadingConnector", None, {**NATIVE, "offload_prompt_only": False},
+                   native_report),
+    "kvtier-all": ("KvtierConnector", KVTIER_MODULE, {**KVTIER, "store": "all"},
+                   kvtier_report),
+    "kvtier-shared-all": ("KvtierConnector", KVTIER_MODULE,
+                          {**KVTIER, "store": "all", "boundaries": "shared"}, kvtier_report),
 }
+#: kvtier row -> the native row it is judged against
+PAIRS = {"kvtier": "native", "kvtier-shared": "native",
+         "kvtier-all": "native-all", "kvtier-shared-all": "native-all"}
 
 
 def measure(groups: list[SimGroup], waves: list[list[list[int]]]) -> dict[str, dict[str, Any]]:
@@ -142,6 +167,16 @@ def _bare(groups: list[SimGroup]) -> VllmSim:
     return sim
 
 
+TARGETS = {"overhead_ms_per_step": "kvtier <= native", "hit_tokens": "kvtier >= native",
+           "stored_bytes": "kvtier <= native"}
+
+
+def _meets(mine: dict[str, Any], base: dict[str, Any], target: str) -> bool:
+    if target == "hit_tokens":
+        return bool(mine[target] >= base[target])
+    return bool(mine[target] <= base[target])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer waves (CI)")
@@ -149,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     waves = stream(0, 3 if args.quick else 8, 8)
     figures: dict[str, Any] = {}
-    print(f"{'config':<12} {'connector':<13} {'ms/step':>8} {'overhead ms/step':>17} "
+    print(f"{'config':<12} {'connector':<18} {'ms/step':>8} {'overhead ms/step':>17} "
           f"{'hit tokens':>11} {'stored MiB':>11}")
     for cname, groups in CONFIGS.items():
         best: dict[str, dict[str, Any]] = {}
@@ -161,20 +196,20 @@ def main(argv: list[str] | None = None) -> int:
         for conn, r in best.items():
             per = r["seconds"] / r["steps"]
             r["ms_per_step"], r["overhead_ms_per_step"] = per * 1e3, (per - base) * 1e3
-            print(f"{cname:<12} {conn:<13} {per * 1e3:>8.3f} {(per - base) * 1e3:>17.3f} "
+            print(f"{cname:<12} {conn:<18} {per * 1e3:>8.3f} {(per - base) * 1e3:>17.3f} "
                   f"{r['hit_tokens']:>11} {r['stored_bytes'] / 2**20:>11.2f}")
         figures[cname] = {c: {k: r[k] for k in ("ms_per_step", "overhead_ms_per_step",
                                                  "hit_tokens", "stored_bytes", "steps")}
                           for c, r in best.items() if c != "none"}
-    met = {name: all(
-        f[name]["overhead_ms_per_step"] <= f["native"]["overhead_ms_per_step"]
-        and f[name]["hit_tokens"] >= f["native"]["hit_tokens"]
-        and f[name]["stored_bytes"] <= f["native"]["stored_bytes"]
-        for f in figures.values()) for name in ("kvtier", "kvtier-shared")}
-    targets = {"overhead": "kvtier <= native", "hit_tokens": "kvtier >= native",
-               "stored_bytes": "kvtier <= native"}
-    print(json.dumps({"benchmark": "vllm_connector", "figures": figures, "targets": targets,
-                      "met": met["kvtier"], "met_shared": met["kvtier-shared"]}))
+    met = {name: {target: all(_meets(f[name], f[base], target) for f in figures.values())
+                  for target in TARGETS} for name, base in PAIRS.items()}
+    print(json.dumps({"benchmark": "vllm_connector", "figures": figures, "targets": TARGETS,
+                      "judged_on": "prompt-only pair (native's default); see the docstring",
+                      "met": all(met["kvtier"].values()),
+                      "met_shared": all(met["kvtier-shared"].values()),
+                      "met_all": all(met["kvtier-all"].values()),
+                      "met_shared_all": all(met["kvtier-shared-all"].values()),
+                      "met_by_target": met}))
     return 0
 
 
