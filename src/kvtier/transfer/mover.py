@@ -4,7 +4,8 @@ The slot side of a batch is always a ``[n, chunk_words]`` word view in slot layo
 copies move with one batched ``index_select`` (store) or ``index_copy_`` (load) per block
 position and layer piece, over all the batch's chunks at once (a CPU load: one numpy
 assignment per layer piece, split by slot over torch's intra-op thread count, see
-:class:`CpuScatter`). That view is either
+:class:`CpuScatter`); in batches of consecutive block ids, one per run of blocks of a
+layer instead. That view is either
 
 * the slots themselves, when they are evenly spaced rows of one slab on the KV device (the
   CPU): one pass, no staging (:func:`slab_rows`); or

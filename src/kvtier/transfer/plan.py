@@ -6,7 +6,8 @@ copies of one group with one shape ``(first_block, num_blocks)``, sorted by slot
 so that they move with one batched ``index_select`` / ``index_copy_`` per (block position,
 layer piece), and slots that sit evenly spaced in one slab can be addressed as one view.
 Copies whose engine blocks are consecutive ids (what a fresh allocator hands out) form
-batches of their own, marked ``consecutive``: there a layer's blocks move as one run.
+batches of their own, marked ``consecutive``: there a layer's blocks move in runs of
+several blocks per copy (see :func:`kvtier.transfer.mover.placements`).
 
 The checks and the grouping run over arrays (one entry per copy, or per block id), so a
 job of thousands of copies costs one short Python pass to read them, not a pass per check;
