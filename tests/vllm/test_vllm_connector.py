@@ -59,6 +59,30 @@ def test_chunked_local() -> None:
     sim.close()
 
 
+@pytest.mark.parametrize("groups", [
+    [SimGroup("full", 16)], [SimGroup("full", 16), SimGroup("swa", 16, window=32)]])
+def test_answer_chunks_are_stored_as_decoding_passes_boundaries(groups: list[SimGroup]) -> None:
+    """``store: all`` (the default): a chat's next turn hits past the first answer.
+
+    The producer computes 139 tokens (100 prompt, 39 of its 40 answer tokens), passing
+    boundaries 96 and 128 while decoding; the follow-up turn repeats the conversation and
+    hits at 128."""
+    sim = make_sim(groups, chunk_tokens=32)
+    sim.add("producer", PROMPT, max_tokens=40)
+    sim.run()
+    answer = list(sim.requests["producer"].request.output_token_ids)
+    sim.reset_device_cache()
+    follow_up = PROMPT + answer + list(range(7, 17))
+    sim.add("consumer", follow_up, max_tokens=2)
+    out = sim.step_until_scheduled("consumer")
+    assert scheduled(out, "consumer") == len(follow_up) - 128
+    assert sim.check_restored("consumer", 128) == []
+    assert chunks(sim, "load", "consumer") == required(sim, 128)
+    assert chunks(sim, "load", "consumer") <= chunks(sim, "store", "producer")
+    sim.run()
+    sim.close()
+
+
 def test_failed_load_makes_vllm_recompute() -> None:
     failing = {"on": False}
 

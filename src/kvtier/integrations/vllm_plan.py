@@ -79,6 +79,7 @@ class _Request:
     tables: list[list[int | None]]
     num_prompt: int
     num_tokens: int = 0
+    """Tokens handed to the planner (``append_tokens``)."""
     prior_horizon: int = 0
     """The last horizon store planning saw."""
     num_boundaries: int = 0
@@ -216,7 +217,7 @@ class ConnectorScheduler:
 
     def _fences(self, fresh: set[int]) -> list[int]:
         """Store jobs still reading any of the ``fresh`` blocks, in id order."""
-        if not fresh or not self.planner.jobs_in_flight:
+        if not fresh or all(e.job.direction == "load" for e in self._jobs.values()):
             return []
         return sorted({j for g in range(len(self.layout.groups))
                        for j in self.planner.fence(g, fresh)})
@@ -248,10 +249,7 @@ class ConnectorScheduler:
 
     def _store(self, s: StepRequest) -> TransferJob | None:
         req = self._requests[s.request_id]
-        if len(s.tokens) > req.num_tokens:
-            self.planner.append_tokens(s.request_id, s.tokens[req.num_tokens :])
-            req.num_tokens = len(s.tokens)
-        horizon = min(s.horizon, req.num_tokens)
+        horizon = min(s.horizon, len(s.tokens))
         if horizon <= req.prior_horizon:
             return None
         crossed_prompt = req.prior_horizon < req.num_prompt <= horizon
@@ -260,6 +258,9 @@ class ConnectorScheduler:
         if num_boundaries == req.num_boundaries and not req.retry and not crossed_prompt:
             return None  # no boundary passed (most decoding steps): nothing became storable
         req.num_boundaries = num_boundaries
+        if len(s.tokens) > req.num_tokens:  # hashed only when they may be stored
+            self.planner.append_tokens(s.request_id, s.tokens[req.num_tokens :])
+            req.num_tokens = len(s.tokens)
         metrics = self.planner.metrics
         refusals = metrics.store_refusals
         job = self.planner.on_computed(s.request_id, horizon, req.tables)
