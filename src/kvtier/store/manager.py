@@ -24,9 +24,10 @@ A ``complete_*`` given a stale, foreign, or already completed handle raises
 ``HandleError`` and changes nothing.
 
 States: absent -> writing -> ready <-> pinned -> (evicted or removed) -> absent. The manager
-alone owns the accounting (two dicts and a set, changed only by the ``_reserve`` / ``_publish`` /
-``_abort`` / ``_drop`` / ``_pin`` / ``_unpin`` helpers) and the one eviction loop (``_make_room``);
-the policy only picks victims. ``check_invariants()`` recomputes everything from scratch.
+alone owns the accounting (two dicts and a count, changed only by the ``_reserve`` /
+``_publish`` / ``_abort`` / ``_drop`` / ``_pin`` / ``_unpin`` helpers) and the one eviction
+loop (``_make_room``); the policy only picks victims. ``check_invariants()`` recomputes
+everything from scratch.
 
 Threads: every public method holds ``self.lock``, one ``threading.RLock``; the engine's
 scheduler thread and transfer-completion threads may call concurrently. Subscribers run
@@ -54,6 +55,7 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
+from operator import invert
 from typing import NoReturn, cast
 
 from kvtier.keys import ChunkKey
@@ -77,6 +79,7 @@ from kvtier.store.tier import SlotAllocator, SlotBackend
 _ABSENT, _WRITING, _READY, _PINNED = (
     ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY, ChunkState.PINNED,
 )
+_STORED, _EVICTED, _REMOVED = EventKind.STORED, EventKind.EVICTED, EventKind.REMOVED
 
 
 class ChunkStore:
@@ -100,8 +103,10 @@ class ChunkStore:
         self.lock = threading.RLock()
         """The one lock: every public method holds it; callers may too (it is reentrant)."""
         self._alloc = SlotAllocator(self.num_slots)
-        self._slots: dict[ChunkKey, int] = {}  # every key holding a slot: writing or ready
-        self._writing: set[ChunkKey] = set()  # keys whose store is in progress
+        # every key holding a slot: ready -> its slot, writing (a store in progress) -> ~slot,
+        # so one lookup tells both (a negative value is never readable)
+        self._slots: dict[ChunkKey, int] = {}
+        self._num_writing = 0
         self._pins: dict[ChunkKey, int] = {}  # ready key -> live loads holding it (> 0)
         self._loads: dict[int, LoadHandle] = {}
         self._stores: dict[int, StoreHandle] = {}
@@ -123,12 +128,13 @@ class ChunkStore:
         """The state of each key, in order. Changes nothing (not an access)."""
         ks = checked_keys(keys)
         with self.lock:
-            slots, writing, pins = self._slots, self._writing, self._pins
-            if not writing and not pins:  # nothing in flight: every key is absent or ready
+            slots, pins = self._slots, self._pins
+            if not self._num_writing and not pins:  # nothing in flight: absent or ready
                 return [_READY if k in slots else _ABSENT for k in ks]
+            get = slots.get
             return [
-                _ABSENT if k not in slots else
-                _WRITING if k in writing else _PINNED if k in pins else _READY
+                _ABSENT if (v := get(k)) is None else
+                _WRITING if v < 0 else _PINNED if k in pins else _READY
                 for k in ks
             ]
 
@@ -139,11 +145,11 @@ class ChunkStore:
     @property
     def num_ready(self) -> int:
         """Readable chunks, pinned or not."""
-        return len(self._slots) - len(self._writing)
+        return len(self._slots) - self._num_writing
 
     @property
     def num_writing(self) -> int:
-        return len(self._writing)
+        return self._num_writing
 
     @property
     def num_pinned(self) -> int:
@@ -165,8 +171,7 @@ class ChunkStore:
                 held = tuple(map(slots.__getitem__, ks))
             except KeyError:
                 self._refuse_load(ks)
-            writing = self._writing
-            if writing and not writing.isdisjoint(ks):
+            if self._num_writing and held and min(held) < 0:  # a key is being written
                 self._refuse_load(ks)
             hid = next(self._ids)
             handle = self._loads[hid] = LoadHandle(hid, tuple(ks), held)
@@ -191,8 +196,8 @@ class ChunkStore:
         """Count a use of each ready key (absent or writing keys are ignored); how many."""
         ks = checked_keys(keys)
         with self.lock:
-            slots, writing = self._slots, self._writing
-            ready = [k for k in ks if k in slots and k not in writing]
+            get = self._slots.get
+            ready = [k for k in ks if get(k, -1) >= 0]
             self.policy.on_access(ready)
             return len(ready)
 
@@ -237,10 +242,10 @@ class ChunkStore:
         with self.lock:
             _take(self._stores, handle, "store")
             if ok:
-                self._publish(handle.keys, handle.parents)
-                self._emit(EventKind.STORED, handle.keys, handle.slots)
+                self._publish(handle)
+                self._emit(_STORED, handle.keys, handle.slots)
             else:
-                self._abort(handle.keys)
+                self._abort(handle)
 
     def remove(self, keys: Iterable[ChunkKey]) -> list[ChunkKey]:
         """Drop the ready, unpinned ``keys``; the ones removed (others are left alone)."""
@@ -248,11 +253,11 @@ class ChunkStore:
         with self.lock:
             gone = [k for k in dict.fromkeys(ks) if self._removable(k)]
             self.policy.on_remove(gone)
-            self._emit(EventKind.REMOVED, gone, self._drop(gone))
+            self._emit(_REMOVED, gone, self._drop(gone))
             return gone
 
     def _removable(self, k: ChunkKey) -> bool:
-        return k in self._slots and k not in self._writing and k not in self._pins
+        return self._slots.get(k, -1) >= 0 and k not in self._pins
 
     # ---- the eviction loop -------------------------------------------------------------
 
@@ -275,7 +280,7 @@ class ChunkStore:
                 "retry after loads or stores complete",
                 short, evictable, retryable=True,
             )
-        self._emit(EventKind.EVICTED, victims, self._drop(victims))
+        self._emit(_EVICTED, victims, self._drop(victims))
         return None
 
     # ---- the only places counts change -------------------------------------------------
@@ -283,22 +288,26 @@ class ChunkStore:
     def _reserve(self, keys: list[ChunkKey]) -> tuple[int, ...]:
         """absent -> writing: a slot each."""
         slots = self._alloc.allocate_many(len(keys))
-        self._slots.update(zip(keys, slots, strict=True))
-        self._writing.update(keys)
+        self._slots.update(zip(keys, map(invert, slots), strict=True))
+        self._num_writing += len(keys)
         return tuple(slots)
 
-    def _publish(self, keys: tuple[ChunkKey, ...], parents: tuple[ChunkKey | None, ...]) -> None:
+    def _publish(self, handle: StoreHandle) -> None:
         """writing -> ready."""
-        self._writing.difference_update(keys)
-        self.policy.on_insert_with_parents(keys, parents)
+        self._slots.update(zip(handle.keys, handle.slots, strict=True))
+        self._num_writing -= len(handle.keys)
+        self.policy.on_insert_with_parents(handle.keys, handle.parents)
 
-    def _abort(self, keys: tuple[ChunkKey, ...]) -> None:
+    def _abort(self, handle: StoreHandle) -> None:
         """writing -> absent (a failed store): never visible."""
-        self._writing.difference_update(keys)
-        self._drop(keys)
+        slots = self._slots
+        for k in handle.keys:
+            del slots[k]
+        self._alloc.free_many(list(handle.slots))
+        self._num_writing -= len(handle.keys)
 
     def _drop(self, keys: Sequence[ChunkKey]) -> list[int]:
-        """Free the slots of ``keys`` (already gone from the policy and from writing)."""
+        """Free the slots of ready ``keys`` (already gone from the policy)."""
         freed = list(map(self._slots.pop, keys))
         self._alloc.free_many(freed)
         return freed
@@ -363,18 +372,25 @@ class ChunkStore:
 
     def _check_slots(self) -> None:
         free = self._alloc.free_slots()
-        used = list(self._slots.values())
+        used = [v if v >= 0 else ~v for v in self._slots.values()]
         if sorted(free + used) != list(range(self.num_slots)):
             raise AssertionError(f"slots leaked or shared: {len(free)} free, {len(used)} used")
-        if not self._writing <= self._slots.keys():
-            raise AssertionError("a writing key holds no slot")
-        if not self._pins.keys() <= self._slots.keys() - self._writing:
+        if self._num_writing != len(self._writing_keys()):
+            raise AssertionError("the writing count disagrees with the writing keys")
+        if not self._pins.keys() <= self._slots.keys() - self._writing_keys():
             raise AssertionError("a pinned key is not ready")
+
+    def _writing_keys(self) -> set[ChunkKey]:
+        return {k for k, v in self._slots.items() if v < 0}
 
     def _check_handles(self) -> None:
         writers = [k for h in self._stores.values() for k in h.keys]
-        if len(writers) != len(self._writing) or set(writers) != self._writing:
+        writing = self._writing_keys()
+        if len(writers) != len(writing) or set(writers) != writing:
             raise AssertionError("writing keys disagree with the live store handles")
+        for sh in self._stores.values():
+            if tuple(~self._slots[k] for k in sh.keys) != sh.slots:
+                raise AssertionError(f"store handle {sh.id} names the wrong slots")
         pins = Counter(k for h in self._loads.values() for k in h.keys)
         if pins != Counter(self._pins) or 0 in self._pins.values():
             raise AssertionError("pin counts disagree with the live load handles")
@@ -383,7 +399,7 @@ class ChunkStore:
                 raise AssertionError(f"load handle {h.id} names the wrong slots")
 
     def _check_policy(self) -> None:
-        ready = self._slots.keys() - self._writing
+        ready = self._slots.keys() - self._writing_keys()
         if len(self.policy) != len(ready) or set(self.policy.resident()) != ready:
             raise AssertionError(
                 f"policy holds {len(self.policy)} keys, the store {len(ready)} ready chunks"
