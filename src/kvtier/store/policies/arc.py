@@ -27,6 +27,7 @@ hit: ``p`` becomes 1 and b goes to T2.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Hashable, Iterator
 
 from kvtier.store.policies.base import Keys, Policy, count_in
@@ -124,17 +125,20 @@ class ARC(Policy):
     def _split(self, n: int, protected: Collection[Hashable]) -> int:
         """How many of ``n`` victims come from T1: one at a time, T1's oldest while
         ``|T1| > p`` (or T2 has none to give), else T2's. Protected keys stay in their
-        list, so each list's unprotected count just drops by one per victim taken."""
+        list, so each list's unprotected count just drops by one per victim taken: T1
+        gives while it is over ``p`` (``ceil(|T1| - p)`` times, if it has that many
+        unprotected keys), then T2 until it has none left, then T1 the rest.
+
+        >>> arc = ARC(8); arc.on_insert(list("abcde")); arc.on_access(list("ab")); arc.p = 1.5
+        >>> arc._split(4, ()), arc._split(3, {"c", "d"}), arc._split(3, {"b"})
+        (2, 1, 2)
+        """
         size_t1 = len(self._t1)
         free_t1 = size_t1 - count_in(protected, self._t1)
         free_t2 = len(self._t2) - count_in(protected, self._t2)
-        from_t1 = 0
-        for _ in range(n):
-            if free_t1 and (size_t1 > self.p or not free_t2):
-                size_t1, free_t1, from_t1 = size_t1 - 1, free_t1 - 1, from_t1 + 1
-            else:
-                free_t2 -= 1
-        return from_t1
+        over = math.ceil(size_t1 - self.p) if size_t1 > self.p else 0
+        first = min(n, free_t1, over)
+        return first + max(0, n - first - free_t2)
 
     def check_invariants(self) -> None:
         super().check_invariants()
