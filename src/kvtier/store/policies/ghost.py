@@ -95,12 +95,15 @@ class GhostFilter:
             code = code0 + mark
             h = hash(key) * _MIX  # as in _cells_of, inlined: the hot loop
             i, j, k = h & mask, h >> s & mask, h >> s2 & mask
-            if cells[i] < code:
-                cells[i] = code
-            if cells[j] < code:
-                cells[j] = code
-            if cells[k] < code:
-                cells[k] = code
+            if mark or not counts[1]:  # no cell holds a larger code yet: just stamp
+                cells[i] = cells[j] = cells[k] = code
+            else:
+                if cells[i] < code:
+                    cells[i] = code
+                if cells[j] < code:
+                    cells[j] = code
+                if cells[k] < code:
+                    cells[k] = code
             counts[mark] += 1
             adds += 1
         self._adds = adds

@@ -102,46 +102,57 @@ class S3FIFO(Policy):
 
     def _select(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
         # protected keys never move between queues here, so their counts per queue are fixed
-        small, main, state = self._small, self._main, self._state
+        in_queues = self._count_protected(protected)
+        chosen: list[Hashable] = []
+        from_small: list[Hashable] = []
+        while len(chosen) < n:
+            self._evict_small(n, protected, in_queues, chosen, from_small)
+            if len(chosen) < n:  # S has no turn now: M gives one, then S may again
+                chosen.append(self._evict_main(protected))
+        self._ghost.add_all(from_small, [0] * len(from_small))
+        return chosen
+
+    def _count_protected(self, protected: Collection[Hashable]) -> tuple[int, int]:
+        """How many ``protected`` keys are in S, and in M."""
         in_small = in_main = 0
         for k in protected:
-            v = state.get(k)
+            v = self._state.get(k)
             if v is not None:
                 if v >= IN_MAIN:
                     in_main += 1
                 else:
                     in_small += 1
-        chosen: list[Hashable] = []
-        from_small: list[Hashable] = []
+        return in_small, in_main
+
+    def _evict_small(
+        self, n: int, protected: Collection[Hashable], in_queues: tuple[int, int],
+        chosen: list[Hashable], from_small: list[Hashable],
+    ) -> None:
+        """Evict from S while it has the turn (it holds unprotected keys, and is at its
+        target size or M has none to give) and fewer than ``n`` are chosen. Each eviction
+        scans S from its oldest key: accessed keys are promoted, the first unaccessed
+        one is evicted; a scan may promote them all and evict none."""
+        small, main, state, move_at = self._small, self._main, self._state, self._move_at
+        target, (in_small, in_main) = self._small_target, in_queues
         while len(chosen) < n:
             size_small = len(small)
-            small_free = size_small - in_small
-            if small_free and (size_small >= self._small_target or len(main) == in_main):
-                key = self._evict_small(protected, small_free)
-                if key is not None:
-                    chosen.append(key)
-                    from_small.append(key)
-            else:
-                chosen.append(self._evict_main(protected))
-        self._ghost.add_all(from_small, [0] * len(from_small))
-        return chosen
-
-    def _evict_small(self, protected: Collection[Hashable], unprotected: int) -> Hashable | None:
-        """Scan S from its oldest key: promote accessed keys, evict the first unaccessed one."""
-        small, main, state, move_at = self._small, self._main, self._state, self._move_at
-        while unprotected:
-            key = small.popleft()
-            if protected and key in protected:
-                small.append(key)
-                continue
-            unprotected -= 1
-            if state[key] >= move_at:
-                state[key] = IN_MAIN
-                main.append(key)
-                continue
-            del state[key]
-            return key
-        return None
+            unprotected = size_small - in_small
+            if not unprotected or (size_small < target and len(main) > in_main):
+                return
+            while unprotected:
+                key = small.popleft()
+                if protected and key in protected:
+                    small.append(key)
+                    continue
+                unprotected -= 1
+                if state[key] >= move_at:
+                    state[key] = IN_MAIN
+                    main.append(key)
+                    continue
+                del state[key]
+                chosen.append(key)
+                from_small.append(key)
+                break
 
     def _evict_main(self, protected: Collection[Hashable]) -> Hashable:
         """CLOCK over M: age keys with accesses left, evict the first without."""
