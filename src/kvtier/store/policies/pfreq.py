@@ -29,7 +29,7 @@ It starts at 0, where ``pfreq`` is LRU with tail-first eviction.
 Storage, sized for the store's 256-byte budget per resident chunk: each resident key
 holds a slot of a ``SlotTable`` (no dict); scores live in an ``array`` by slot; the heap
 is a list of packed ints ``score << shift | slot`` (stale when the slot's score has
-changed since; rebuilt once stale entries reach a quarter of the keys).
+changed since; rebuilt once stale entries reach half the keys).
 
 Worked example (capacity 4, beta 0): a request stores a b c (a parent of b, b of c);
 scores 1, 0, -1 (clamped below each parent). ``victims(1)`` is ``c``, the tail, though LRU
@@ -198,16 +198,15 @@ class PrefixFrequency(Policy):
                 prev, prev_slot = k, slot
         self._clock = clock
         live = len(self._table)
-        if len(heap) > live + (live >> 2) + 64:  # at most 1.25 entries a key
+        if len(heap) > live + (live >> 1) + 64:  # at most 1.5 entries a key
             self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
-        # [score[s] << shift | s for each slot s holding a key]
+        # [score[s] << shift | s for each slot s holding a key], at C speed
+        entries = map(or_, map(lshift, self._score, repeat(self._shift)), count())
         if len(self._table) == self.capacity:  # every slot holds a key (the usual case)
-            unit = 1 << self._shift  # v * unit + s == v << shift | s, as s < unit
-            self._heap = [v * unit + s for s, v in enumerate(self._score)]
+            self._heap = list(entries)
         else:
-            entries = map(or_, map(lshift, self._score, repeat(self._shift)), count())
             self._heap = list(compress(entries, map(is_not, self._table.keys, repeat(None))))
         heapq.heapify(self._heap)
 
