@@ -69,7 +69,7 @@ class Belady(Policy):
             else:
                 next_use[key] = NEVER
                 never.append(key)
-        if len(heap) + len(never) > 2 * len(next_use) + 64:
+        if len(heap) + len(never) > 3 * len(next_use) + 64:  # an offline yardstick: time first
             self._rebuild()
 
     def _rebuild(self) -> None:
