@@ -107,7 +107,9 @@ class ChunkStore:
         # so one lookup tells both (a negative value is never readable)
         self._slots: dict[ChunkKey, int] = {}
         self._num_writing = 0
-        self._pins: dict[ChunkKey, int] = {}  # ready key -> live loads holding it (> 0)
+        # ready key -> live loads holding it (> 0); None while the one live load's pins are
+        # not counted yet (_pin, _pinned)
+        self._pins: dict[ChunkKey, int] | None = {}
         self._loads: dict[int, LoadHandle] = {}
         self._stores: dict[int, StoreHandle] = {}
         self._ids = itertools.count(1)
@@ -128,10 +130,10 @@ class ChunkStore:
         """The state of each key, in order. Changes nothing (not an access)."""
         ks = checked_keys(keys)
         with self.lock:
-            slots, pins = self._slots, self._pins
-            if not self._num_writing and not pins:  # nothing in flight: absent or ready
+            slots = self._slots
+            if not self._num_writing and not self._loads:  # nothing in flight: absent or ready
                 return [_READY if k in slots else _ABSENT for k in ks]
-            get = slots.get
+            pins, get = self._pinned(), slots.get
             return [
                 _ABSENT if (v := get(k)) is None else
                 _WRITING if v < 0 else _PINNED if k in pins else _READY
@@ -154,7 +156,8 @@ class ChunkStore:
     @property
     def num_pinned(self) -> int:
         """Distinct chunks held by at least one load."""
-        return len(self._pins)
+        with self.lock:
+            return len(self._pinned())
 
     def __len__(self) -> int:
         return self.num_ready
@@ -257,7 +260,7 @@ class ChunkStore:
             return gone
 
     def _removable(self, k: ChunkKey) -> bool:
-        return self._slots.get(k, -1) >= 0 and k not in self._pins
+        return self._slots.get(k, -1) >= 0 and k not in self._pinned()
 
     # ---- the eviction loop -------------------------------------------------------------
 
@@ -270,7 +273,8 @@ class ChunkStore:
                 f"{self.num_slots}; store fewer chunks per request or add capacity",
                 short, 0, retryable=False,
             )
-        protected = self._pins.keys() | offered if offered else self._pins.keys()
+        pinned = self._pinned().keys()
+        protected = pinned | offered if offered else pinned
         victims = cast("list[ChunkKey] | None", self.policy.victims(short, protected))
         if victims is None:
             evictable = self.policy.num_unprotected(protected)
@@ -313,24 +317,35 @@ class ChunkStore:
         return freed
 
     def _pin(self, keys: tuple[ChunkKey, ...]) -> None:
-        """ready -> pinned (or one pin more); counts as an access."""
+        """ready -> pinned (or one pin more) for the load just added to ``_loads``; counts
+        as an access. The pins of a lone load are counted only when asked (``_pinned``): the
+        usual load is completed before anything asks."""
         pins = self._pins
-        if pins:
+        if len(self._loads) == 1:
+            self._pins = None
+        elif pins is None:
+            self._pinned()  # counts every live load, this one too
+        else:
             for k in keys:
                 pins[k] = pins.get(k, 0) + 1
-        else:  # no other load is live (the usual case): a count of 1 each, at C speed
-            pins = self._pins = dict.fromkeys(keys, 1)
-            if len(pins) < len(keys):  # a key repeats: count it again
-                pins.clear()
-                pins.update(Counter(keys))
         self.policy.on_access(keys)
+
+    def _pinned(self) -> dict[ChunkKey, int]:
+        """Live loads per pinned key, counted from the live load handles if not yet."""
+        if self._pins is None:
+            counts: Counter[ChunkKey] = Counter()
+            for h in self._loads.values():
+                counts.update(h.keys)
+            self._pins = dict(counts)
+        return self._pins
 
     def _unpin(self, keys: tuple[ChunkKey, ...]) -> None:
         """One pin less per key of a load handle that ``_take`` just retired."""
-        pins = self._pins
         if not self._loads:  # it was the only live load: every pin left was its own
-            pins.clear()
+            self._pins = {}
             return
+        pins = self._pins
+        assert pins is not None, "pins go uncounted only while one load is live"
         for k in keys:
             left = pins[k] - 1
             if left:
@@ -377,7 +392,7 @@ class ChunkStore:
             raise AssertionError(f"slots leaked or shared: {len(free)} free, {len(used)} used")
         if self._num_writing != len(self._writing_keys()):
             raise AssertionError("the writing count disagrees with the writing keys")
-        if not self._pins.keys() <= self._slots.keys() - self._writing_keys():
+        if not self._pinned().keys() <= self._slots.keys() - self._writing_keys():
             raise AssertionError("a pinned key is not ready")
 
     def _writing_keys(self) -> set[ChunkKey]:
@@ -392,7 +407,7 @@ class ChunkStore:
             if tuple(~self._slots[k] for k in sh.keys) != sh.slots:
                 raise AssertionError(f"store handle {sh.id} names the wrong slots")
         pins = Counter(k for h in self._loads.values() for k in h.keys)
-        if pins != Counter(self._pins) or 0 in self._pins.values():
+        if pins != Counter(self._pinned()) or 0 in self._pinned().values():
             raise AssertionError("pin counts disagree with the live load handles")
         for h in self._loads.values():
             if tuple(self._slots[k] for k in h.keys) != h.slots:

@@ -92,7 +92,8 @@ class Policy(ABC):
         if self.num_unprotected(protected) < n:
             return None
         chosen = self._select(n, protected)
-        assert len(chosen) == n and not any(map(protected.__contains__, chosen)), chosen
+        assert len(chosen) == n, chosen
+        assert not (protected and any(map(protected.__contains__, chosen))), chosen
         return chosen
 
     def num_unprotected(self, protected: Collection[Hashable]) -> int:
