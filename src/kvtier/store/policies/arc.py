@@ -64,9 +64,10 @@ class ARC(Policy):
         for key in keys:
             where = 0
             if ghosts and key in ghosts:
-                b1.drop_oldest(trim1)
-                b2.drop_oldest(trim2)
-                trim1 = trim2 = 0
+                if trim1 or trim2:
+                    b1.drop_oldest(trim1)
+                    b2.drop_oldest(trim2)
+                    trim1 = trim2 = 0
                 where = 1 if key in b1 else 2 if key in b2 else 0
             if where == 1:
                 self.p = min(float(c), self.p + max(n_b2 / n_b1, 1.0))
@@ -116,11 +117,13 @@ class ARC(Policy):
 
     def _select(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
         from_t1 = self._split(n, protected)
-        chosen = self._t1.pop_unprotected(from_t1, protected)
+        chosen = self._t1.pop_unprotected(from_t1, protected) if from_t1 else []
         self._b1.push(chosen)
-        from_t2 = self._t2.pop_unprotected(n - from_t1, protected)
-        self._b2.push(from_t2)
-        return chosen + from_t2
+        if from_t1 < n:
+            from_t2 = self._t2.pop_unprotected(n - from_t1, protected)
+            self._b2.push(from_t2)
+            chosen += from_t2
+        return chosen
 
     def _split(self, n: int, protected: Collection[Hashable]) -> int:
         """How many of ``n`` victims come from T1: one at a time, T1's oldest while
