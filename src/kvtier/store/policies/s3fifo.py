@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Hashable, Iterator
-from itertools import filterfalse, repeat
+from itertools import filterfalse, islice, repeat
+from operator import sub
 
 from kvtier.store.policies.base import Keys, Policy
 from kvtier.store.policies.ghost import GhostFilter
@@ -107,8 +108,12 @@ class S3FIFO(Policy):
         from_small: list[Hashable] = []
         while len(chosen) < n:
             self._evict_small(n, protected, in_queues, chosen, from_small)
-            if len(chosen) < n:  # S has no turn now: M gives one, then S may again
+            if len(chosen) == n:
+                break
+            if protected:  # S has no turn now: M gives one, then S may again
                 chosen.append(self._evict_main(protected))
+            else:  # S has no turn until M is empty: M gives all it can
+                self._clock_main(n - len(chosen), chosen)
         self._ghost.add_all(from_small, [0] * len(from_small))
         return chosen
 
@@ -169,6 +174,33 @@ class S3FIFO(Policy):
                 continue
             del state[key]
             return key
+
+    def _clock_main(self, k: int, chosen: list[Hashable]) -> None:
+        """``_evict_main`` ``k`` times (or until M is empty) when nothing is protected, a
+        block of M's oldest keys at a time: read their states at once, find the next key
+        without accesses left (``list.index``), age the run before it and rotate it to the
+        new end (one ``update``, one ``rotate``), and evict it."""
+        main, state = self._main, self._state
+        want = len(chosen) + k
+        while len(chosen) < want and main:
+            block = list(islice(main, min(len(main), 2 * k + 14)))
+            counts = list(map(state.__getitem__, block))
+            at = 0
+            while len(chosen) < want:
+                try:
+                    zero = counts.index(IN_MAIN, at)
+                except ValueError:
+                    zero = len(block)
+                if zero > at:  # these have accesses left: one less, and to the new end
+                    aged = map(sub, counts[at:zero], repeat(1))
+                    state.update(zip(block[at:zero], aged, strict=True))
+                    main.rotate(at - zero)
+                if zero == len(block):
+                    break
+                victim = main.popleft()
+                del state[victim]
+                chosen.append(victim)
+                at = zero + 1
 
     def check_invariants(self) -> None:
         super().check_invariants()
