@@ -24,6 +24,13 @@ def test_modes_worked_examples() -> None:
     assert boundaries.served_boundaries(
         G16, "shared", [40, 100, 120], prompt_end=100, shared=64) == [64, 96, 112]
     assert boundaries.served_boundaries(G16, "end", [40, 100, 160], prompt_end=100) == [96, 160]
+    # a prompt that ends on a boundary: its own repeat hits one granule earlier
+    assert boundaries.consumer_end(G16, 96) == 80 and boundaries.consumer_end(G16, 100) == 96
+    assert boundaries.newly_served(G16, "end", 0, 96, prompt_end=96) == [80]
+    assert boundaries.newly_served(G16, "end", 0, 112, prompt_end=96) == [80, 112]
+    assert boundaries.newly_served(G16, "end", 80, 96, prompt_end=96) == []
+    # store limits cut the prompt at 96 of 120: a consumer of the whole prompt can hit at 96
+    assert boundaries.newly_served(G16, "end", 0, 96, prompt_end=96, num_prompt=120) == [96]
 
 
 def test_shared_point_reads_full_attention_only() -> None:
@@ -52,10 +59,16 @@ def test_every_mode_serves_admissible_boundaries_and_stores_full_groups_whole(
         served = boundaries.served_boundaries(
             layout, mode, reports, prompt_end=prompt, shared=shared)
         assert set(served) <= set(coverage.admissible_boundaries(layout, reports[-1]))
+        last = boundaries.last_boundary(layout, reports[-1])
+        if mode != "dense" and reports[-1] > prompt:
+            assert served == [] or served[-1] == last
+        elif mode != "dense":  # only the prompt is known: its consumer end
+            assert served == [] or served[-1] == boundaries.consumer_end(layout, prompt)
+            served = [*served, last] if last > (served[-1] if served else 0) else served
+        # full-attention groups are stored whole in every mode (the planner stores them
+        # by store_delta, as dense does): the store set of the last boundary
         final[mode] = [
             coverage.store_set(layout, gi, reports[-1], served)
             for gi, g in enumerate(layout.groups) if not boundaries.prunable(g)
         ]
-        if mode != "dense":
-            assert served == [] or served[-1] == boundaries.last_boundary(layout, reports[-1])
     assert final["dense"] == final["end"] == final["shared"]

@@ -11,9 +11,14 @@ request's store limits), reported horizons ``h`` (after the same limits), and
 ``last(h)`` = the largest admissible boundary of a producer knowing ``h`` tokens:
 
 * ``dense``: every admissible boundary.
-* ``end``: ``last(h)`` for every reported ``h >= P``. A producer that reports at its prompt
-  end and at its request end (the replay; an engine storing once prefill is done) serves
-  exactly those two; one that reports every decoding step serves every boundary its answer
+* ``end``: at the first report ``h >= P``, the prompt's *consumer end* ``c``: the largest
+  boundary a consumer with this very prompt can hit (the largest admissible boundary below
+  the prompt's last token, which a consumer computes for its logits); then ``last(h)``
+  for every report ``h > P``. ``c = last(P)`` unless ``P`` is a boundary itself, where
+  ``c`` is the boundary before it: serving ``P`` would store partial-window chunks that a
+  repeat of the prompt can never load. A producer that reports at its prompt end and at
+  its request end (the replay; an engine storing once prefill is done) serves exactly
+  those two; one that reports every decoding step serves every boundary its answer
   passes. Reports inside a chunked prefill serve nothing.
 * ``shared``: ``end``, plus the *shared point* ``s``: the largest consumer-admissible
   boundary at which every full-attention group's required chunks were in the store (or on
@@ -27,6 +32,7 @@ is the prefix up to the largest served boundary, so it is stored whole in every 
 
 Example: granularity 16, a 100-token prompt, ``shared`` with ``s = 64``, reports at 40
 (chunked prefill), 100 and 120: 40 serves nothing, 100 serves 64 and 96, 120 serves 112.
+With a 96-token prompt, ``end`` at 96 serves 80: the same prompt again hits at 80.
 
 Every computation on boundaries and chunks is a ``kvtier.coverage`` call.
 """
@@ -67,15 +73,29 @@ def last_boundary(layout: Layout, horizon: int) -> int:
     return bounds[-1] if bounds else 0
 
 
+def consumer_end(layout: Layout, prompt_end: int, num_prompt: int | None = None) -> int:
+    """The largest boundary a consumer of the prompt can hit, or 0: admissible for
+    ``prompt_end`` tokens and below the prompt's last token (``num_prompt``, by default
+    ``prompt_end``; larger when store limits cut the prompt short).
+
+    Example: granularity 16: a 100-token prompt -> 96; a 96-token prompt -> 80.
+    """
+    bounds = coverage.admissible_boundaries(
+        layout, prompt_end, prompt_end if num_prompt is None else num_prompt)
+    return bounds[-1] if bounds else 0
+
+
 def newly_served(
     layout: Layout, mode: BoundaryMode, last_served: int, horizon: int, *,
-    prompt_end: int, shared: int = 0,
+    prompt_end: int, num_prompt: int | None = None, shared: int = 0,
 ) -> list[int]:
     """Boundaries a producer starts serving at a report of ``horizon`` tokens, ascending,
-    all past ``last_served`` (the largest it already serves, 0 for none).
+    all past ``last_served`` (the largest it already serves, 0 for none). ``prompt_end`` is
+    the prompt after store limits, ``num_prompt`` the whole prompt (default: the same).
 
     Examples, granularity 16, ``prompt_end`` 100: ``dense`` from 32 at 70 -> [48, 64];
     ``end`` at 70 -> [] and at 100 -> [96]; ``shared`` with ``shared=64`` at 100 -> [64, 96].
+    ``prompt_end`` 96: ``end`` at 96 -> [80] and at 112 -> [80, 112].
     """
     check_mode(mode)
     if mode == "dense":
@@ -84,14 +104,19 @@ def newly_served(
     out = []
     if mode == "shared" and last_served < shared <= top:
         out.append(shared)
-    if horizon >= prompt_end and top > max(last_served, shared if out else 0):
-        out.append(top)
+    if horizon >= prompt_end:
+        ends = [consumer_end(layout, prompt_end, num_prompt)]
+        if horizon > prompt_end:
+            ends.append(top)
+        for b in ends:
+            if b > max(last_served, out[-1] if out else 0):
+                out.append(b)
     return out
 
 
 def served_boundaries(
     layout: Layout, mode: BoundaryMode, reports: Sequence[int], *, prompt_end: int,
-    shared: int = 0,
+    num_prompt: int | None = None, shared: int = 0,
 ) -> list[int]:
     """Every boundary a producer serves after reporting ``reports`` (ascending horizons).
 
@@ -100,7 +125,7 @@ def served_boundaries(
     served: list[int] = []
     for h in reports:
         served += newly_served(layout, mode, served[-1] if served else 0, h,
-                               prompt_end=prompt_end, shared=shared)
+                               prompt_end=prompt_end, num_prompt=num_prompt, shared=shared)
     return served
 
 

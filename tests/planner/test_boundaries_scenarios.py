@@ -78,6 +78,33 @@ def test_chunked_prefill_defers_sliding_chunks_to_the_prompt_end():
 
 
 @pytest.mark.parametrize("mode", ["end", "shared"])
+def test_a_prefill_step_on_the_last_boundary_still_serves_the_prompt_end(mode: str):
+    """Chunked prefill reports 96 (the last boundary, before the prompt's end at 100), then
+    100: no boundary is passed at 100, but the prompt end is, and it is served."""
+    h = Harness(LAYOUT)
+    p = h.planner
+    p.add_request("a", A, limits=RequestLimits(boundaries=mode))  # type: ignore[arg-type]
+    first = p.on_computed("a", 96, h.table(100))
+    assert first is not None and loaded(first) == {0: [0, 1, 2, 3, 4, 5]}
+    p.complete_store(first.id, True)
+    second = p.on_computed("a", 100, h.table(100))
+    assert second is not None and loaded(second) == {1: [5]}
+    p.complete_store(second.id, True)
+    p.finish("a")
+    assert run(h, "a2", A, mode)[0] == 96  # the same prompt again hits at its end
+
+
+def test_a_prompt_ending_on_a_boundary_serves_the_boundary_its_repeat_can_hit():
+    """A 96-token prompt: a consumer with the same prompt computes token 95, so it can hit
+    at 80 at most; ``end`` serves 80 (sliding chunk 4), not 96 (chunk 5, never loadable
+    by that repeat)."""
+    h = Harness(LAYOUT)
+    doc = A[:96]
+    assert run(h, "a", doc, "end") == (0, {0: [0, 1, 2, 3, 4, 5], 1: [4]})
+    assert run(h, "a2", doc, "end") == (80, {})  # everything it needs is stored
+
+
+@pytest.mark.parametrize("mode", ["end", "shared"])
 def test_full_attention_only_layouts_store_the_same_chunks_in_every_mode(mode: str):
     full = Layout((Group("full", 16),))
     dense, pruned = Harness(full), Harness(full)

@@ -27,17 +27,17 @@ from kvtier.store.results import ChunkState
 def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, int]]:
     """(group, chunk) pairs that become storable as the capped horizon reaches ``cap``;
     records the boundaries the request now serves."""
-    if len(coverage.admissible_boundaries(layout, cap)) == len(
+    mode, prompt_end = req.limits.boundaries, req.store_cap(req.num_prompt)
+    ends_prompt = mode != "dense" and req.stored_horizon < prompt_end <= cap
+    if not ends_prompt and len(coverage.admissible_boundaries(layout, cap)) == len(
         coverage.admissible_boundaries(layout, req.stored_horizon)
     ):
         return []  # no boundary passed (most decoding steps): nothing becomes storable
-    mode = req.limits.boundaries
     fresh: list[int] = []
     if mode != "dense":
         last = req.served[-1] if req.served else 0
-        fresh = boundaries.newly_served(layout, mode, last, cap,
-                                        prompt_end=req.store_cap(req.num_prompt),
-                                        shared=req.shared_point)
+        fresh = boundaries.newly_served(layout, mode, last, cap, prompt_end=prompt_end,
+                                        num_prompt=req.num_prompt, shared=req.shared_point)
     out: list[tuple[int, int]] = []
     for gi, group in enumerate(layout.groups):
         if mode == "dense" or not boundaries.prunable(group):
