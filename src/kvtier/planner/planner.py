@@ -153,16 +153,15 @@ class Planner:
         )
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
-        loading = self._loading_elsewhere
-        fast = ready_at(self.layout, req.chain, candidates[0], on_device, self.store.lookup,
-                        loading if self._loading else None)
-        if fast is not None:
-            return self._pin_hit(req, candidates[0], on_device, fast)
-        if self._hopeless(req, candidates, on_device):
+        if self._hopeless(req, candidates, on_device):  # a new prompt: one small lookup
             return Lookup(Outcome.MISS, on_device)
+        loading = self._loading_elsewhere if self._loading else None
+        fast = ready_at(self.layout, req.chain, candidates[0], on_device, self.store.lookup,
+                        loading)
+        if fast is not None:  # a prompt stored whole: only its largest hit's chunks looked up
+            return self._pin_hit(req, candidates[0], on_device, fast)
         avail, keys = assess(
-            self.layout, req.chain, candidates, on_device, self.store.lookup,
-            loading if self._loading else None,
+            self.layout, req.chain, candidates, on_device, self.store.lookup, loading
         )
         best = avail.best_ready
         if avail.best_soon > best:
