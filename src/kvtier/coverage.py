@@ -348,11 +348,14 @@ def load_chunks(group: Group, b: int, on_device: int = 0) -> range:
             f"on_device must be a multiple of tokens_per_block {group.tokens_per_block}, "
             f"got {on_device}"
         )
-    req = required(group, b)
-    keep = restored_blocks(group, b)
-    first_block = max(keep.start, on_device // group.tokens_per_block)
-    start = max(req.start, first_block // group.blocks_per_chunk)
-    return range(start, max(start, req.stop))
+    # required(group, b) and restored_blocks(group, b), from the one span they share
+    span = restored(group, b)
+    if span.empty:
+        return range(0)
+    t, tb = group.tokens_per_chunk, group.tokens_per_block
+    first_block = max(span.start // tb, on_device // tb)
+    start = max(span.start // t, first_block // group.blocks_per_chunk)
+    return range(start, max(start, -(-span.end // t)))
 
 
 def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:

@@ -144,6 +144,18 @@ class Namespace:
         return digest[:TAG_SIZE]
 
 
+@functools.lru_cache(maxsize=1024)
+def _seed(namespace: Namespace) -> bytes:
+    """``namespace.seed()``, once per namespace (every request of a tenant shares it)."""
+    return namespace.seed()
+
+
+@functools.lru_cache(maxsize=1024)
+def _group_tags(namespace: Namespace, layout: Layout) -> tuple[bytes, ...]:
+    """Every group's ``group_tag``, once per namespace and layout."""
+    return tuple(namespace.group_tag(layout, i) for i in range(len(layout.groups)))
+
+
 def _encode_fields(fields: Sequence[str]) -> bytes:
     """Length-prefixed encoding, so that ('ab', 'c') and ('a', 'bc') differ."""
     out = bytearray()
@@ -175,7 +187,7 @@ class KeyChain:
         self.namespace = namespace
         self._unit = _gcd_unit(layout)
         self._new = _hasher(namespace.hash_name)
-        self._tags = [namespace.group_tag(layout, i) for i in range(len(layout.groups))]
+        self._tags = _group_tags(namespace, layout)
         # The tokens, little-endian uint32, as appended: only draft groups' keys read them
         # again (their lookahead tails), so a layout without any keeps none.
         self._keep = any(g.lookahead for g in layout.groups)
@@ -184,7 +196,7 @@ class KeyChain:
         self._num_bytes = 0
         self._filled = 0  # bytes of the unit in progress already in the running hash
         self._spine: list[bytes] = []
-        self._hash, self._pad = _running(namespace.hash_name, namespace.seed())
+        self._hash, self._pad = _running(namespace.hash_name, _seed(namespace))
         self.extend(tokens)
 
     @property

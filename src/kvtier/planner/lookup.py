@@ -59,6 +59,9 @@ def ready_at(
     order), if every one is ready (the common case of a prompt stored whole), else None."""
     keys = [chain.keys(gi, coverage.load_chunks(g, b, on_device))
             for gi, g in enumerate(layout.groups)]
+    lasts = [k[-1] for k in keys if k]  # a partial hit usually lacks its last chunks:
+    if ChunkState.ABSENT in states(lasts):  # one small lookup says so
+        return None
     flat = keys[0] if len(keys) == 1 else [*itertools.chain.from_iterable(keys)]
     if loading_elsewhere is not None and any(map(loading_elsewhere, flat)):
         return None
