@@ -17,12 +17,13 @@ scheduler costs, unaffected by other processes taking the core away on a shared 
 ``--clock wall`` measures elapsed time.
 
 Like with like. vLLM's native connector stores prompts only by default
-(``offload_prompt_only``); kvtier's default (``store: all``) also stores answers, for
-multi-turn chat. This stream never continues a conversation, so no request here can use
-an answer chunk, and comparing the defaults would charge kvtier for chunks native never
-offered to store. The target is therefore judged on the prompt-only pair: ``native``
-against ``kvtier`` (dense boundaries) and ``kvtier-shared`` (``boundaries: shared``), all
-storing prompts only. The answer-storing pair is reported beside it (``native-all`` with
+(``offload_prompt_only``); kvtier's default (``store: all``) also stores answers, for multi-
+turn chat. This stream never continues a conversation, so no request here can use an answer
+chunk, and comparing the defaults would charge kvtier for chunks native never offered to
+store. The target is therefore judged on the prompt-only pair: ``native`` against ``kvtier``
+(dense boundaries), ``kvtier-shared`` (``boundaries: shared``) and ``kvtier-end``
+(``boundaries: end``: like native, a sliding window is stored for each prompt's end only),
+all storing prompts only. The answer-storing pair is reported beside it (``native-all`` with
 ``offload_prompt_only: false`` against ``kvtier-all`` and ``kvtier-shared-all``, kvtier's
 default ``store: all``), judged the same way in ``met_all``. With full attention both pairs
 store the same chunks; with a sliding window, native serves a hit only at each prompt's end
@@ -142,6 +143,8 @@ CONNECTORS = {
     "kvtier": ("KvtierConnector", KVTIER_MODULE, {**KVTIER, "store": "prompt"}, kvtier_report),
     "kvtier-shared": ("KvtierConnector", KVTIER_MODULE,
                       {**KVTIER, "store": "prompt", "boundaries": "shared"}, kvtier_report),
+    "kvtier-end": ("KvtierConnector", KVTIER_MODULE,
+                   {**KVTIER, "store": "prompt", "boundaries": "end"}, kvtier_report),
     # prompts and answers (kvtier's default)
     "native-all": ("OffloadingConnector", None, {**NATIVE, "offload_prompt_only": False},
                    native_report),
@@ -151,7 +154,7 @@ CONNECTORS = {
                           {**KVTIER, "store": "all", "boundaries": "shared"}, kvtier_report),
 }
 #: kvtier row -> the native row it is judged against
-PAIRS = {"kvtier": "native", "kvtier-shared": "native",
+PAIRS = {"kvtier": "native", "kvtier-shared": "native", "kvtier-end": "native",
          "kvtier-all": "native-all", "kvtier-shared-all": "native-all"}
 
 
@@ -221,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                       "judged_on": "prompt-only pair (native's default); see the docstring",
                       "met": _all_met(met["kvtier"]),
                       "met_shared": _all_met(met["kvtier-shared"]),
+                      "met_end": _all_met(met["kvtier-end"]),
                       "met_all": _all_met(met["kvtier-all"]),
                       "met_shared_all": _all_met(met["kvtier-shared-all"]),
                       "met_by_target": met}))
