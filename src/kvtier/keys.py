@@ -25,7 +25,7 @@ import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NewType, cast
+from typing import Any, Literal, NewType
 
 import numpy as np
 
@@ -195,6 +195,8 @@ class KeyChain:
         self._offsets: list[int] = []  # byte offset of each segment
         self._num_bytes = 0
         self._filled = 0  # bytes of the unit in progress already in the running hash
+        self._drafts: dict[tuple[int, int], ChunkKey] = {}  # draft groups' keys, once hashed
+        self._built: list[list[ChunkKey]] = [[] for _ in layout.groups]
         self._spine: list[bytes] = []
         self._hash, self._pad = _running(namespace.hash_name, _seed(namespace))
         self.extend(tokens)
@@ -260,11 +262,15 @@ class KeyChain:
         end = (chunk + 1) * group.tokens_per_chunk
         if end + group.lookahead > self.num_tokens:
             return None
-        base = self._spine[end // self._unit - 1]
         if group.lookahead:
-            tail = self._byte_slice(end * 4, (end + group.lookahead) * 4)
-            base = self._new(base + tail).digest()
-        return ChunkKey(self._tags[group_index] + base)
+            known = self._drafts.get((group_index, chunk))
+            if known is None:
+                tail = self._byte_slice(end * 4, (end + group.lookahead) * 4)
+                digest = self._new(self._spine[end // self._unit - 1] + tail).digest()
+                known = self._drafts[(group_index, chunk)] = ChunkKey(self._tags[group_index]
+                                                                     + digest)
+            return known
+        return ChunkKey(self._tags[group_index] + self._spine[end // self._unit - 1])
 
     def keys(self, group_index: int, chunks: Iterable[int]) -> list[ChunkKey]:
         """Keys of several chunks; raises if any chunk's tokens are not all known yet."""
@@ -279,12 +285,14 @@ class KeyChain:
             raise ValueError(f"chunk {high} of group {group_index} needs tokens not known yet")
         if group.lookahead:
             return [self.key(group_index, c) for c in chunks]  # type: ignore[misc]
-        tag, spine, per = self._tags[group_index], self._spine, group.tokens_per_chunk // self._unit
-        if isinstance(chunks, range):  # the common case: one slice of the spine
-            digests = spine[(low + 1) * per - 1 : (high + 1) * per : per]
-        else:
-            digests = [spine[(c + 1) * per - 1] for c in chunks]
-        return cast(list[ChunkKey], [tag + d for d in digests])
+        built = self._built[group_index]  # this group's keys, chunk by chunk, built once
+        if len(built) <= high:
+            tag, per = self._tags[group_index], group.tokens_per_chunk // self._unit
+            digests = self._spine[(len(built) + 1) * per - 1 : (high + 1) * per : per]
+            built += [ChunkKey(tag + d) for d in digests]
+        if isinstance(chunks, range):  # the common case: one slice
+            return built[low : high + 1]
+        return [built[c] for c in chunks]
 
 
 def _token_bytes(tokens: Iterable[int]) -> bytes | memoryview:

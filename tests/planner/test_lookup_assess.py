@@ -2,7 +2,7 @@
 
 ``assess`` walks the candidates from the largest down and classifies each chunk once; the
 oracle checks every chunk of every candidate from scratch. They must agree on the best
-ready, readable and soon boundaries, and ``hit_keys`` must find every key a best hit loads.
+ready, readable and soon boundaries, and ``hit_keys`` must name every key a best hit loads.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ def test_assess_matches_the_oracle(layout: Layout, data: st.DataObject) -> None:
             if data.draw(st.integers(0, 9)) == 0:
                 elsewhere.add(k)
     states = lambda ks: [state.get(k, ChunkState.ABSENT) for k in ks]  # noqa: E731
-    avail, keys = assess(layout, chain, candidates, on_device, states, elsewhere.__contains__)
+    avail = assess(layout, chain, candidates, on_device, states, elsewhere.__contains__)
     want = oracle(layout, chain, candidates, on_device, state, elsewhere)
     assert (avail.best_ready, avail.best_readable, avail.best_soon) == want
     for b in {avail.best_ready, avail.best_readable} - {on_device}:
-        got = hit_keys(layout, keys, b, on_device)
-        assert got == [chain.keys(gi, coverage.load_chunks(g, b, on_device))
+        got = hit_keys(layout, chain, b, on_device)
+        assert got == [[chain.key(gi, c) for c in coverage.load_chunks(g, b, on_device)]
                        for gi, g in enumerate(layout.groups)]

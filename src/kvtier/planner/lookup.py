@@ -3,15 +3,14 @@
 A lookup never assumes which boundaries a producer served (DESIGN section 3): it walks the
 candidate boundaries from the largest down, classifies each chunk the first time a
 candidate needs it (one batched store lookup per group and candidate that brings new
-chunks into view), and stops at the first candidate whose chunks are all ready. Load
-ranges only move left as the boundary shrinks, so a 131k-token prompt costs
-O(chunks + boundaries x log chunks), not O(chunks x boundaries); a prompt stored whole
-stops at its first candidate.
+chunks into view), and stops at the first candidate whose chunks are all ready. Before
+that, the chunks every candidate needs are looked up alone: a new prompt lacks its first
+chunks, and is a miss after one small store lookup. A prompt stored whole stops at its
+first candidate; a 131k-token prompt costs O(chunks + boundaries x log chunks).
 """
 
 from __future__ import annotations
 
-import itertools
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,35 +46,9 @@ def candidate_boundaries(
     return list(bounds[low:high][::-1])
 
 
-def ready_at(
-    layout: Layout,
-    chain: KeyChain,
-    b: int,
-    on_device: int,
-    states: Callable[[list[ChunkKey]], list[ChunkState]],
-    loading_elsewhere: Callable[[ChunkKey], bool] | None,
-) -> list[list[ChunkKey]] | None:
-    """The fast path: per group, the key of each chunk a hit at ``b`` loads (in chunk
-    order), if every one is ready (the common case of a prompt stored whole), else None."""
-    keys = [chain.keys(gi, coverage.load_chunks(g, b, on_device))
-            for gi, g in enumerate(layout.groups)]
-    lasts = [k[-1] for k in keys if k]  # a partial hit usually lacks its last chunks:
-    if ChunkState.ABSENT in states(lasts):  # one small lookup says so
-        return None
-    flat = keys[0] if len(keys) == 1 else [*itertools.chain.from_iterable(keys)]
-    if loading_elsewhere is not None and any(map(loading_elsewhere, flat)):
-        return None
-    found = states(flat)
-    if ChunkState.ABSENT in found or ChunkState.WRITING in found:  # C-speed identity scans
-        return None
-    return keys
-
-
-def hit_keys(
-    layout: Layout, keys: list[dict[int, ChunkKey]], b: int, on_device: int
-) -> list[list[ChunkKey]]:
-    """Per group, the key of each chunk a hit at ``b`` loads, from ``assess``'s keys."""
-    return [[keys[gi][c] for c in coverage.load_chunks(g, b, on_device)]
+def hit_keys(layout: Layout, chain: KeyChain, b: int, on_device: int) -> list[list[ChunkKey]]:
+    """Per group, the key of each chunk a hit at ``b`` loads, in chunk order."""
+    return [chain.keys(gi, coverage.load_chunks(g, b, on_device))
             for gi, g in enumerate(layout.groups)]
 
 
@@ -105,76 +78,58 @@ def assess(
     on_device: int,
     states: Callable[[list[ChunkKey]], list[ChunkState]],
     loading_elsewhere: Callable[[ChunkKey], bool] | None,
-) -> tuple[Availability, list[dict[int, ChunkKey]]]:
+) -> Availability:
     """Classify the chunks the candidates need and find the best boundary of each kind.
 
-    First classifies, per group, every chunk between the smallest and the largest
-    candidate's load ranges (one batched store lookup per group); a kind that fails on a
-    chunk every candidate needs (``common_chunks``) is settled at ``on_device`` at once.
-    Then walks ``candidates`` (largest first) until every kind is settled: the first
-    candidate whose chunks all pass a kind is that kind's best. Returns the availability
-    and, per group, the key of every chunk classified (which includes every chunk the best
-    ready and best readable boundaries load).
+    First classifies, per group, the chunks every candidate needs (``common_chunks``): a
+    kind that fails on one is settled at ``on_device`` at once, and when every kind is (a
+    chunk absent), nothing else is looked up. Then classifies the largest candidate's
+    chunks (one batched store lookup per group) and walks ``candidates`` (largest first)
+    until every kind is settled: the first candidate whose chunks all pass a kind is that
+    kind's best.
     """
     walks = [_GroupWalk(gi, g) for gi, g in enumerate(layout.groups)]
     best = [on_device, on_device, on_device]
     if not candidates:
-        return Availability(*best), [w.keys for w in walks]
+        return Availability(*best)
     settled = [False, False, False]
-    tops = []
-    for w in walks:
-        top = coverage.load_chunks(w.group, candidates[0], on_device)
-        bottom = coverage.load_chunks(w.group, candidates[-1], on_device)
-        w.prefetch(top, bottom, chain, states, loading_elsewhere)
-        fails = w.fails(_common(w.group, bottom))
-        settled = [was or fail for was, fail in zip(settled, fails, strict=True)]
-        tops.append(top)
-    for i, b in enumerate(candidates):
+    for w, common in zip(walks, common_chunks(layout, candidates, on_device), strict=True):
+        w.classify(common, chain, states, loading_elsewhere)
+        settled = [was or fail for was, fail in zip(settled, w.fails(common), strict=True)]
+    for b in candidates:
         if all(settled):
             break
         ok = [True, True, True]
-        for w, top in zip(walks, tops, strict=True):
-            chunks = top if i == 0 else coverage.load_chunks(w.group, b, on_device)
+        for w in walks:
+            chunks = coverage.load_chunks(w.group, b, on_device)
             w.classify(chunks, chain, states, loading_elsewhere)
             ok = [good and not fail for good, fail in zip(ok, w.fails(chunks), strict=True)]
         for which in range(3):
             if ok[which] and not settled[which]:
                 best[which], settled[which] = b, True
-    return Availability(*best), [w.keys for w in walks]
+    return Availability(*best)
 
 
-_READY, _PINNED, _ABSENT = ChunkState.READY, ChunkState.PINNED, ChunkState.ABSENT
+_READY, _PINNED, _ABSENT, _WRITING = (
+    ChunkState.READY, ChunkState.PINNED, ChunkState.ABSENT, ChunkState.WRITING)
 
 
 class _GroupWalk:
     """One group's chunks classified so far, as the candidates are walked downwards.
 
-    Every chunk is classified once. ``prefetch`` classifies every chunk between the
-    smallest and the largest candidate's load ranges: both ends of a load range never
-    decrease as the boundary grows, so every candidate's range lies in between and
-    ``classify`` answers in O(1); a range outside is checked chunk by chunk. ``bad[k]``
-    holds, sorted, the chunks that fail kind ``k`` (0 ready, 1 readable, 2 soon; see
-    ``Availability``). Example: sliding window 128 in 64-token chunks, candidates 640 down
-    to 64: chunks 0-9 in one store lookup.
+    Every chunk is classified once. ``_seen`` is a range of chunks all classified (grown
+    while the classified ranges touch), so that a candidate inside it answers in O(1).
+    ``bad[k]`` holds, sorted, the chunks that fail kind ``k`` (0 ready, 1 readable, 2
+    soon; see ``Availability``). Example: full attention, candidates 640 down to 64 in
+    64-token chunks: chunk 0 (common to all), then chunks 0-9 for 640, one lookup each;
+    every smaller candidate's chunks are then inside ``_seen``.
     """
 
     def __init__(self, gi: int, group: Group) -> None:
         self.gi, self.group = gi, group
-        self.keys: dict[int, ChunkKey] = {}
+        self._apart: set[int] = set()  # chunks classified outside ``_seen``
         self.bad: tuple[list[int], list[int], list[int]] = ([], [], [])
         self._seen = range(0)
-
-    def prefetch(
-        self, top: range, bottom: range, chain: KeyChain,
-        states: Callable[[list[ChunkKey]], list[ChunkState]],
-        loading_elsewhere: Callable[[ChunkKey], bool] | None,
-    ) -> None:
-        """Classify every chunk from the start of ``bottom`` to the end of ``top``."""
-        ends = [r for r in (top, bottom) if r]
-        if ends:
-            hull = range(min(r.start for r in ends), max(r.stop for r in ends))
-            self.classify(hull, chain, states, loading_elsewhere)
-            self._seen = hull
 
     def classify(
         self, chunks: range, chain: KeyChain,
@@ -185,13 +140,32 @@ class _GroupWalk:
         seen = self._seen
         if not chunks or (seen.start <= chunks.start and chunks.stop <= seen.stop):
             return
-        todo = [c for c in chunks if c not in self.keys]
+        if not seen:
+            self._seen = chunks
+            self._classify(chunks, chain, states, loading_elsewhere)
+        elif chunks.start <= seen.stop and seen.start <= chunks.stop:  # they touch
+            self._seen = range(min(seen.start, chunks.start), max(seen.stop, chunks.stop))
+            for part in (range(chunks.start, seen.start), range(seen.stop, chunks.stop)):
+                self._classify(part, chain, states, loading_elsewhere)
+        else:
+            todo = [c for c in chunks if c not in self._apart]
+            self._apart.update(todo)
+            self._classify(todo, chain, states, loading_elsewhere)
+
+    def _classify(
+        self, todo: Sequence[int], chain: KeyChain,
+        states: Callable[[list[ChunkKey]], list[ChunkState]],
+        loading_elsewhere: Callable[[ChunkKey], bool] | None,
+    ) -> None:
         if not todo:
             return
         ks = chain.keys(self.gi, todo)
-        self.keys.update(zip(todo, ks, strict=True))
+        found = states(ks)
+        if (_ABSENT not in found and _WRITING not in found  # all readable: C-speed scans
+                and (loading_elsewhere is None or not any(map(loading_elsewhere, ks)))):
+            return
         ready, readable, soon = self.bad
-        for c, k, st in zip(todo, ks, states(ks), strict=True):
+        for c, k, st in zip(todo, ks, found, strict=True):
             ok = st is _READY or st is _PINNED
             other = loading_elsewhere is not None and loading_elsewhere(k)
             if not ok or other:

@@ -35,13 +35,7 @@ from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
 from kvtier.planner.binding import BlockTable, ChunkBinder, Fences
-from kvtier.planner.lookup import (
-    assess,
-    candidate_boundaries,
-    common_chunks,
-    hit_keys,
-    ready_at,
-)
+from kvtier.planner.lookup import assess, candidate_boundaries, hit_keys
 from kvtier.planner.requests import PendingHit, RequestState, load_block_ids
 from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
@@ -54,7 +48,7 @@ from kvtier.planner.types import (
     TransferJob,
 )
 from kvtier.store.protocol import StoreProtocol
-from kvtier.store.results import ChunkState, LoadHandle, StoreHandle, StoreRefusal
+from kvtier.store.results import ChunkNotReadyError, LoadHandle, StoreHandle, StoreRefusal
 
 
 class Planner:
@@ -153,15 +147,9 @@ class Planner:
         )
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
-        if self._hopeless(req, candidates, on_device):  # a new prompt: one small lookup
-            return Lookup(Outcome.MISS, on_device)
-        loading = self._loading_elsewhere if self._loading else None
-        fast = ready_at(self.layout, req.chain, candidates[0], on_device, self.store.lookup,
-                        loading)
-        if fast is not None:  # a prompt stored whole: only its largest hit's chunks looked up
-            return self._pin_hit(req, candidates[0], on_device, fast)
-        avail, keys = assess(
-            self.layout, req.chain, candidates, on_device, self.store.lookup, loading
+        avail = assess(
+            self.layout, req.chain, candidates, on_device, self.store.lookup,
+            self._loading_elsewhere if self._loading else None,
         )
         best = avail.best_ready
         if avail.best_soon > best:
@@ -176,15 +164,8 @@ class Planner:
             best = avail.best_readable
         if best <= on_device:
             return Lookup(Outcome.MISS, on_device)
-        return self._pin_hit(req, best, on_device, hit_keys(self.layout, keys, best, on_device))
-
-    def _hopeless(self, req: RequestState, candidates: list[int], on_device: int) -> bool:
-        """Whether a chunk every candidate needs is absent and not being written: a miss
-        without classifying every chunk of every candidate (a new prompt's usual case)."""
-        for gi, chunks in enumerate(common_chunks(self.layout, candidates, on_device)):
-            if chunks and ChunkState.ABSENT in self.store.lookup(req.chain.keys(gi, chunks)):
-                return True
-        return False
+        return self._pin_hit(req, best, on_device, hit_keys(self.layout, req.chain, best,
+                                                            on_device))
 
     def _loading_elsewhere(self, key: ChunkKey) -> bool:
         return self._loading[key] > 0 if self._loading else False
@@ -192,13 +173,24 @@ class Planner:
     def _pin_hit(
         self, req: RequestState, b: int, on_device: int, keys: list[list[ChunkKey]]
     ) -> Lookup:
-        """Pin ``keys`` (per group, the chunks a hit at ``b`` loads) and record the hit."""
+        """Pin ``keys`` (per group, the chunks a hit at ``b`` loads) and record the hit.
+
+        A store whose ``lookup`` promotes from a lower tier at once (the replay's
+        ``MetadataTiers``) protects only the keys of that call, so a promotion for one
+        group may have evicted a chunk another call found: the hit's chunks are then asked
+        for together, and pinned if that brought them all back, else the lookup misses."""
         chunks = tuple(
             ChunkRanges.of([(r.start, r.stop)]) if (r := coverage.load_chunks(g, b, on_device))
             else ChunkRanges()
             for g in self.layout.groups
         )
-        handle = self.store.prepare_load([*itertools.chain.from_iterable(keys)])
+        flat = [*itertools.chain.from_iterable(keys)]
+        try:
+            handle = self.store.prepare_load(flat)
+        except ChunkNotReadyError:
+            if not all(s.readable for s in self.store.lookup(flat)):
+                return Lookup(Outcome.MISS, on_device)
+            handle = self.store.prepare_load(flat)
         result = Lookup(Outcome.HIT, b, chunks)
         req.hit = PendingHit(result, on_device, keys, handle)
         return result
