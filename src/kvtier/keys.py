@@ -25,7 +25,7 @@ import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NewType
+from typing import Any, Literal, NewType, cast
 
 import numpy as np
 
@@ -285,11 +285,15 @@ class KeyChain:
             raise ValueError(f"chunk {high} of group {group_index} needs tokens not known yet")
         if group.lookahead:
             return [self.key(group_index, c) for c in chunks]  # type: ignore[misc]
-        built = self._built[group_index]  # this group's keys, chunk by chunk, built once
+        built = self._built[group_index]  # this group's keys from chunk 0, built once
+        tag, per = self._tags[group_index], group.tokens_per_chunk // self._unit
+        if len(built) < low:  # far past the built prefix (a window's last chunks): no cache
+            digests = self._spine[(low + 1) * per - 1 : (high + 1) * per : per]
+            keys = cast(list[ChunkKey], [tag + d for d in digests])  # NewType: no call
+            return keys if isinstance(chunks, range) else [keys[c - low] for c in chunks]
         if len(built) <= high:
-            tag, per = self._tags[group_index], group.tokens_per_chunk // self._unit
             digests = self._spine[(len(built) + 1) * per - 1 : (high + 1) * per : per]
-            built += [ChunkKey(tag + d) for d in digests]
+            built += cast(list[ChunkKey], [tag + d for d in digests])
         if isinstance(chunks, range):  # the common case: one slice
             return built[low : high + 1]
         return [built[c] for c in chunks]

@@ -5,12 +5,14 @@ candidate boundaries from the largest down, classifies each chunk the first time
 candidate needs it (one batched store lookup per group and candidate that brings new
 chunks into view), and stops at the first candidate whose chunks are all ready. Before
 that, the chunks every candidate needs are looked up alone: a new prompt lacks its first
-chunks, and is a miss after one small store lookup. A prompt stored whole stops at its
-first candidate; a 131k-token prompt costs O(chunks + boundaries x log chunks).
+chunks, and is a miss after one small store lookup. A prompt stored whole is found by
+``ready_at`` before any of this; a 131k-token prompt costs O(chunks + boundaries x log
+chunks).
 """
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +46,31 @@ def candidate_boundaries(
     high = len(bounds) if max_load_tokens is None else bisect_right(
         bounds, on_device + max_load_tokens)
     return list(bounds[low:high][::-1])
+
+
+def ready_at(
+    layout: Layout,
+    chain: KeyChain,
+    b: int,
+    on_device: int,
+    states: Callable[[list[ChunkKey]], list[ChunkState]],
+    loading_elsewhere: Callable[[ChunkKey], bool] | None,
+) -> list[list[ChunkKey]] | None:
+    """The fast path: per group, the key of each chunk a hit at ``b`` loads (in chunk
+    order), if every one is ready (the common case of a prompt stored whole), else None.
+    Each group's last chunk is looked up first: a partial hit or a new prompt lacks it."""
+    ranges = [coverage.load_chunks(g, b, on_device) for g in layout.groups]
+    lasts = [chain.keys(gi, r[-1:]) for gi, r in enumerate(ranges)]
+    if ChunkState.ABSENT in states([*itertools.chain.from_iterable(lasts)]):
+        return None
+    keys = [chain.keys(gi, r) for gi, r in enumerate(ranges)]
+    flat = keys[0] if len(keys) == 1 else [*itertools.chain.from_iterable(keys)]
+    if loading_elsewhere is not None and any(map(loading_elsewhere, flat)):
+        return None
+    found = states(flat)
+    if _ABSENT in found or _WRITING in found:  # C-speed identity scans
+        return None
+    return keys
 
 
 def hit_keys(layout: Layout, chain: KeyChain, b: int, on_device: int) -> list[list[ChunkKey]]:

@@ -35,7 +35,7 @@ from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
 from kvtier.planner.binding import BlockTable, ChunkBinder, Fences
-from kvtier.planner.lookup import assess, candidate_boundaries, hit_keys
+from kvtier.planner.lookup import assess, candidate_boundaries, hit_keys, ready_at
 from kvtier.planner.requests import PendingHit, RequestState, load_block_ids
 from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
@@ -147,9 +147,13 @@ class Planner:
         )
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
+        loading = self._loading_elsewhere if self._loading else None
+        whole = ready_at(self.layout, req.chain, candidates[0], on_device, self.store.lookup,
+                         loading)
+        if whole is not None:  # the largest hit, all ready: nothing else to look up
+            return self._pin_hit(req, candidates[0], on_device, whole)
         avail = assess(
-            self.layout, req.chain, candidates, on_device, self.store.lookup,
-            self._loading_elsewhere if self._loading else None,
+            self.layout, req.chain, candidates, on_device, self.store.lookup, loading
         )
         best = avail.best_ready
         if avail.best_soon > best:
