@@ -108,11 +108,14 @@ class RequestLimits:
         check_mode(self.boundaries)
 
 
+_NO_LOOKUPS = {o.value: 0 for o in Outcome}
+
+
 @dataclass
 class Metrics:
     """Counters for one request or for the whole planner."""
 
-    lookups: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
+    lookups: dict[str, int] = field(default_factory=lambda: dict(_NO_LOOKUPS))
     hit_tokens: int = 0
     hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     chunks_loaded: int = 0
