@@ -28,7 +28,7 @@ from itertools import compress, repeat
 from operator import and_
 
 ENTRY, LIVE = 2, 1
-COMPACT_AT = 4
+COMPACT_AT = 3
 """Compact when the deque holds more than this many entries per live key (plus 64)."""
 
 
