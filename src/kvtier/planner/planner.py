@@ -313,13 +313,15 @@ class Planner:
         if cap <= req.stored_horizon:
             return
         chunks = new_chunks(self.layout, req, cap)
+        req.stored_horizon = cap
+        if not chunks:  # most decoding steps
+            return
         self._count(req, "chunks_offered", len(chunks))
         by_group = Counter(gi for gi, _ in chunks)
         for m in (self.metrics, req.metrics):
             for gi, n in by_group.items():
                 m.chunks_offered_by_group[gi] = m.chunks_offered_by_group.get(gi, 0) + n
         req.pending.extend(chunks)
-        req.stored_horizon = cap
 
     def _store_pending(self, req: RequestState, block_table: BlockTable) -> TransferJob | None:
         live = self._binder.live(req.pending, block_table)

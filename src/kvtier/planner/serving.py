@@ -27,7 +27,8 @@ from kvtier.store.results import ChunkState
 def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, int]]:
     """(group, chunk) pairs that become storable as the capped horizon reaches ``cap``;
     records the boundaries the request now serves."""
-    mode, prompt_end = req.limits.boundaries, req.store_cap(req.num_prompt)
+    mode = req.limits.boundaries
+    prompt_end = req.store_cap(req.num_prompt) if mode != "dense" else 0
     ends_prompt = mode != "dense" and req.stored_horizon < prompt_end <= cap
     if not ends_prompt and len(coverage.admissible_boundaries(layout, cap)) == len(
         coverage.admissible_boundaries(layout, req.stored_horizon)
