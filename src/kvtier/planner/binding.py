@@ -15,7 +15,7 @@ from typing import NamedTuple
 from kvtier import coverage
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
-from kvtier.planner.requests import RequestState
+from kvtier.planner.requests import RequestState, block_ids_at
 from kvtier.planner.types import ChunkCopy, TransferJob
 from kvtier.store.results import StoreHandle
 
@@ -38,10 +38,11 @@ class ChunkBinder:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         # coverage.store_blocks depends on (group, chunk) only: a pure cache of its answers,
-        # as (first absolute block, number of blocks, first chunk-relative block)
+        # as (first absolute block, number of blocks, first block in the chunk)
         self._runs: dict[tuple[int, int], tuple[int, int, int]] = {}
-        self._full = [g.blocks_per_chunk if coverage.stores_whole_chunks(g) else 0
-                      for g in layout.groups]
+        # groups whose stored chunks hold every block need no store_blocks call at all
+        self._whole = [g.blocks_per_chunk if coverage.stores_whole_chunks(g) else 0
+                       for g in layout.groups]
 
     def _run(self, gi: int, chunk: int) -> tuple[int, int, int]:
         run = coverage.store_blocks(self.layout, gi, chunk)
@@ -50,21 +51,17 @@ class ChunkBinder:
         return entry
 
     def live(self, pending: Iterable[tuple[int, int]], table: BlockTable) -> list[LiveChunk]:
-        """The planned chunks whose blocks the engine still holds (``requests.
-        store_block_ids``, inlined: this runs for every chunk a request stores), in order."""
-        out, runs, num_groups = [], self._runs, len(table)
-        full = self._full  # groups whose stored chunks hold every block: no lookup
+        """The planned chunks whose blocks the engine still holds, in order."""
+        out, runs, whole = [], self._runs, self._whole
         for gi, chunk in pending:
-            bpc = full[gi]
+            bpc = whole[gi]
             if bpc:
                 first, num, rel = chunk * bpc, bpc, 0
             else:
                 first, num, rel = runs.get((gi, chunk)) or self._run(gi, chunk)
-            if gi >= num_groups:
-                raise ValueError(f"block table has {num_groups} groups; the layout has group {gi}")
-            ids = tuple(table[gi][first : first + num])
-            if len(ids) == num and None not in ids and (not ids or min(ids) >= 0):  # type: ignore[operator,type-var]
-                out.append(LiveChunk(gi, chunk, rel, ids))  # type: ignore[arg-type]
+            ids = block_ids_at(table, gi, first, num)
+            if ids is not None:
+                out.append(LiveChunk(gi, chunk, rel, ids))
         return out
 
     @staticmethod
@@ -76,20 +73,14 @@ class ChunkBinder:
         found = {gi: iter(req.chain.keys(gi, cs)) for gi, cs in by_group.items()}
         return [next(found[c.group]) for c in live]
 
-    def parents(
-        self, req: RequestState, live: list[LiveChunk], keys: list[ChunkKey]
-    ) -> list[ChunkKey | None]:
-        """The eviction hint: each chunk's predecessor, where a hit needs both (taken from
-        ``keys``, the chunks' own keys, when the predecessor is in the same job)."""
+    def parents(self, req: RequestState, live: list[LiveChunk]) -> list[ChunkKey | None]:
+        """The eviction hint: each chunk's predecessor, where a hit needs both."""
         groups = self.layout.groups
-        own = {(c.group, c.chunk): k for c, k in zip(live, keys, strict=True)}
-        out: list[ChunkKey | None] = []
-        for c in live:
-            if not c.chunk or not coverage.needs_predecessor(groups[c.group]):
-                out.append(None)
-            else:
-                out.append(own.get((c.group, c.chunk - 1)) or req.chain.key(c.group, c.chunk - 1))
-        return out
+        return [
+            req.chain.key(c.group, c.chunk - 1)
+            if c.chunk and coverage.needs_predecessor(groups[c.group]) else None
+            for c in live
+        ]
 
     @staticmethod
     def copies(handle: StoreHandle, by_key: dict[ChunkKey, LiveChunk]) -> tuple[ChunkCopy, ...]:

@@ -329,7 +329,7 @@ class Planner:
         if not live:
             return None
         keys = self._binder.keys(req, live)
-        handle = self.store.prepare_store(keys, self._binder.parents(req, live, keys))
+        handle = self.store.prepare_store(keys, self._binder.parents(req, live))
         if isinstance(handle, StoreRefusal):
             self._count(req, "store_refusals")
             if handle.retryable:

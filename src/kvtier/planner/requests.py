@@ -82,10 +82,18 @@ def store_block_ids(
     table: Sequence[Sequence[int | None]], gi: int, group: Group, run: BlockRun
 ) -> tuple[int, ...] | None:
     """Engine block ids of ``run``, or None when the engine no longer holds one of them."""
+    first = run.chunk * group.blocks_per_chunk + run.first_block
+    return block_ids_at(table, gi, first, run.num_blocks)
+
+
+def block_ids_at(
+    table: Sequence[Sequence[int | None]], gi: int, first: int, num: int
+) -> tuple[int, ...] | None:
+    """Engine block ids of group ``gi`` at block positions ``first .. first + num - 1``, or
+    None when the engine no longer holds one of them."""
     if gi >= len(table):
         raise ValueError(f"block table has {len(table)} groups; the layout has group {gi}")
-    first = run.chunk * group.blocks_per_chunk + run.first_block
-    ids = tuple(table[gi][first : first + run.num_blocks])
-    if len(ids) < run.num_blocks or None in ids or min(ids) < 0:  # type: ignore[operator,type-var]
+    ids = tuple(table[gi][first : first + num])
+    if len(ids) < num or None in ids or (ids and min(ids) < 0):  # type: ignore[operator,type-var]
         return None
     return ids  # type: ignore[return-value]

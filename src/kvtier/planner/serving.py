@@ -28,16 +28,16 @@ def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, i
     """(group, chunk) pairs that become storable as the capped horizon reaches ``cap``;
     records the boundaries the request now serves."""
     mode = req.limits.boundaries
-    prompt_end = req.store_cap(req.num_prompt) if mode != "dense" else 0
-    ends_prompt = mode != "dense" and req.stored_horizon < prompt_end <= cap
-    if not ends_prompt and len(coverage.admissible_boundaries(layout, cap)) == len(
-        coverage.admissible_boundaries(layout, req.stored_horizon)
-    ):
-        return []  # no boundary passed (most decoding steps): nothing becomes storable
+    passed = len(coverage.admissible_boundaries(layout, cap)) > len(
+        coverage.admissible_boundaries(layout, req.stored_horizon))
+    if not passed and (mode == "dense"
+                       or not req.stored_horizon < req.store_cap(req.num_prompt) <= cap):
+        return []  # no boundary nor the prompt's end passed (most decoding steps)
     fresh: list[int] = []
     if mode != "dense":
         last = req.served[-1] if req.served else 0
-        fresh = boundaries.newly_served(layout, mode, last, cap, prompt_end=prompt_end,
+        fresh = boundaries.newly_served(layout, mode, last, cap,
+                                        prompt_end=req.store_cap(req.num_prompt),
                                         num_prompt=req.num_prompt, shared=req.shared_point)
     out: list[tuple[int, int]] = []
     for gi, group in enumerate(layout.groups):
