@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from kvtier.replay.trace import TraceRequest
+
+
+def leading_run(hash_ids: Sequence[int], present: Container[int]) -> int:
+    """How many of the leading blocks are present, up to the first one that is not."""
+    run = 0
+    for h in hash_ids:
+        if h not in present:
+            break
+        run += 1
+    return run
 
 
 def simple_lru(requests: Sequence[TraceRequest], capacity: int) -> tuple[int, int]:
@@ -15,12 +25,7 @@ def simple_lru(requests: Sequence[TraceRequest], capacity: int) -> tuple[int, in
     cache: OrderedDict[int, None] = OrderedDict()
     hits = refs = 0
     for r in requests:
-        run = 0
-        for h in r.hash_ids:
-            if h not in cache:
-                break
-            run += 1
-        hits += run
+        hits += leading_run(r.hash_ids, cache)
         refs += len(r.hash_ids)
         for h in r.hash_ids:
             if h in cache:
@@ -37,12 +42,7 @@ def simple_infinite(requests: Sequence[TraceRequest]) -> tuple[int, int]:
     seen: set[int] = set()
     hits = refs = 0
     for r in requests:
-        run = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            run += 1
-        hits += run
+        hits += leading_run(r.hash_ids, seen)
         refs += len(r.hash_ids)
         seen.update(r.hash_ids)
     return hits, refs
