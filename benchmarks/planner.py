@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from kvtier.buildinfo import build
 from kvtier.keys import Namespace
 from kvtier.layout import Group, Layout
 from kvtier.planner import Outcome, Planner
@@ -115,7 +116,9 @@ def main() -> None:
           "(about 12 ms for this prompt:\n.venv-vllm/bin/python scripts/vllm_block_hashing.py)"
           " and its lookup slices them; kvtier's lookup figure includes all its hashing.")
     targets = {f"{n}_{f}_ms": v for n, t in TARGETS_MS.items() for f, v in t.items()}
-    print(json.dumps({"benchmark": "planner", "figures": figures, "targets": targets,
+    print(f"build: {build()} (kvtier.buildinfo; README, \"Compiled build\")")
+    print(json.dumps({"benchmark": "planner", "build": build(), "figures": figures,
+                      "targets": targets,
                       "met": bool(met)}))
 
 

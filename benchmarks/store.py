@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvtier.buildinfo import build
 from kvtier.keys import ChunkKey
 from kvtier.store import ONLINE_POLICIES, Belady, ChunkState, ChunkStore, Policy, StoreHandle
 
@@ -196,7 +197,9 @@ def main() -> None:
                "max_metadata_bytes_per_resident_chunk": MAX_METADATA_BYTES,
                "metadata_capacities": list(METADATA_CAPACITIES),
                "applies_to": list(ONLINE_POLICIES)}
-    print(json.dumps({"benchmark": "store", "figures": figures, "targets": targets, "met": met}))
+    print(f"build: {build()} (kvtier.buildinfo; README, \"Compiled build\")")
+    print(json.dumps({"benchmark": "store", "build": build(), "figures": figures,
+                      "targets": targets, "met": met}))
 
 
 METADATA_CAPACITIES = (1_000, 3_000, 5_000, 8_000, 12_000)

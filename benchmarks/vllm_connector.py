@@ -43,6 +43,7 @@ from typing import Any
 
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
+from kvtier.buildinfo import build
 from kvtier.integrations.vllm_sim import SimGroup, VllmSim
 
 CHUNK = 64
@@ -219,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                           for c, r in best.items() if c != "none"}
     met = {name: {cname: {target: _meets(f[name], f[base], target) for target in TARGETS}
                   for cname, f in figures.items()} for name, base in PAIRS.items()}
-    print(json.dumps({"benchmark": "vllm_connector", "clock": args.clock, "figures": figures,
+    print(f"build: {build()} (kvtier.buildinfo; README, \"Compiled build\")")
+    print(json.dumps({"benchmark": "vllm_connector", "build": build(), "clock": args.clock,
+                      "figures": figures,
                       "targets": TARGETS,
                       "judged_on": "prompt-only pair (native's default); see the docstring",
                       "met": _all_met(met["kvtier"]),

@@ -17,27 +17,36 @@ from kvtier import coverage
 from kvtier.engine import Completion, Engine, EngineConfig, GroupSpec
 from kvtier.engine.spec_config import SpeculativeConfig
 from kvtier.integrations.engine import KvtierOffloader
-from kvtier.planner import TransferJob
+from kvtier.planner import Planner, TransferJob
 
 Loads = dict[str, list[int]]
 
 
-def record_loads(offloader: KvtierOffloader) -> list[Loads]:
-    """Per accepted hit, the chunks loaded, by group name (the planner's load jobs)."""
-    jobs: list[Loads] = []
-    accept = offloader.planner.accept_hit
-    names = [g.name for g in offloader.layout.groups]
+class RecordingPlanner:
+    """The offloader's planner, with each accepted hit's load job recorded (a wrapper, not a
+    patch: the compiled build's planner methods cannot be replaced on an instance)."""
 
-    def recording(request_id: str, block_tables: object) -> TransferJob:
-        job = accept(request_id, block_tables)  # type: ignore[arg-type]
+    def __init__(self, planner: Planner, names: list[str]) -> None:
+        self._planner, self._names = planner, names
+        self.jobs: list[Loads] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._planner, name)
+
+    def accept_hit(self, request_id: str, block_tables: object) -> TransferJob:
+        job = self._planner.accept_hit(request_id, block_tables)  # type: ignore[arg-type]
         loads: dict[str, list[int]] = defaultdict(list)
         for copy in job.copies:
-            loads[names[copy.group]].append(copy.chunk)
-        jobs.append({name: sorted(chunks) for name, chunks in loads.items()})
+            loads[self._names[copy.group]].append(copy.chunk)
+        self.jobs.append({name: sorted(chunks) for name, chunks in loads.items()})
         return job
 
-    offloader.planner.accept_hit = recording  # type: ignore[method-assign,assignment]
-    return jobs
+
+def record_loads(offloader: KvtierOffloader) -> list[Loads]:
+    """Per accepted hit, the chunks loaded, by group name (the planner's load jobs)."""
+    recorder = RecordingPlanner(offloader.planner, [g.name for g in offloader.layout.groups])
+    offloader.planner = recorder  # type: ignore[assignment]
+    return recorder.jobs
 
 
 def seed_config(force_rejections: bool = False) -> EngineConfig:

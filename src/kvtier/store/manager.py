@@ -58,6 +58,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from operator import invert
 from typing import NoReturn, cast
 
+from mypy_extensions import mypyc_attr
+
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.store.host import HostSlab
@@ -82,6 +84,7 @@ _ABSENT, _WRITING, _READY, _PINNED = (
 _STORED, _EVICTED, _REMOVED = EventKind.STORED, EventKind.EVICTED, EventKind.REMOVED
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ChunkStore:
     """Chunks in ``num_slots`` slots, evicted by ``policy`` (see the module docstring).
 
@@ -434,7 +437,7 @@ def _take(live: dict[int, LoadHandle] | dict[int, StoreHandle], handle: object, 
 
 
 def _parent_hint(
-    ks: list[ChunkKey], parents: Sequence[ChunkKey | None] | None
+    ks: list[ChunkKey], parents: Sequence[object] | None
 ) -> dict[ChunkKey, ChunkKey | None] | None:
     """``key -> parent`` from ``prepare_store``'s hint (None without one); ValueError if
     the hint does not give one 40-byte key or None per key."""
@@ -444,7 +447,7 @@ def _parent_hint(
     if len(ps) != len(ks):
         raise ValueError(f"prepare_store: {len(ps)} parents for {len(ks)} keys; give one each")
     checked_keys([p for p in ps if p is not None])
-    return dict(zip(ks, ps, strict=True))
+    return dict(zip(ks, cast("list[ChunkKey | None]", ps), strict=True))
 
 
 def _resolve_num_slots(num_slots: int | None, backend: SlotBackend | None) -> int:

@@ -27,9 +27,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Hashable, Iterator, Sequence
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 Keys = Sequence[Hashable]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy(ABC):
     """Base class of eviction policies over ``capacity`` slots.
 

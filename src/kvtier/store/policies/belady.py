@@ -31,12 +31,15 @@ import heapq
 from collections import deque
 from collections.abc import Collection, Hashable, Iterator, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from kvtier.store.policies.base import Keys, Policy
 
 NEVER = 2**62
 """Next-use position of a key that is not used again."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Belady(Policy):
     """The offline optimum over ``capacity`` slots, given the future accesses."""
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Iterator
 
+from mypy_extensions import mypyc_attr
+
 from kvtier.store.policies.base import Keys, Policy
 from kvtier.store.policies.queue import KeyQueue
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LRU(Policy):
     """One queue in recency order, oldest first."""
 

@@ -48,6 +48,8 @@ from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
 from itertools import compress, count, repeat
 from operator import is_not, lshift, or_
 
+from mypy_extensions import mypyc_attr
+
 from kvtier.store.policies.base import Keys, Policy
 from kvtier.store.policies.ghost import GhostFilter
 from kvtier.store.policies.slots import SlotTable
@@ -118,6 +120,7 @@ class FrequencySketch:
         return out
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PrefixFrequency(Policy):
     """Prefix-closed, frequency-weighted recency over ``capacity`` slots (module doc)."""
 

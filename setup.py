@@ -1,0 +1,44 @@
+"""Pure Python by default; ``KVTIER_COMPILE=1`` compiles the hot modules with mypyc.
+
+Everything else about the package is in ``pyproject.toml``. See README, "Compiled build".
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+
+COMPILED = [
+    "src/kvtier/boundaries.py",
+    "src/kvtier/coverage.py",
+    "src/kvtier/integrations/vllm_plan.py",
+    "src/kvtier/planner/binding.py",
+    "src/kvtier/planner/lookup.py",
+    "src/kvtier/planner/planner.py",
+    "src/kvtier/planner/requests.py",
+    "src/kvtier/planner/types.py",
+    "src/kvtier/store/manager.py",
+    "src/kvtier/store/results.py",
+    "src/kvtier/store/policies/arc.py",
+    "src/kvtier/store/policies/base.py",
+    "src/kvtier/store/policies/belady.py",
+    "src/kvtier/store/policies/ghost.py",
+    "src/kvtier/store/policies/lru.py",
+    "src/kvtier/store/policies/pfreq.py",
+    "src/kvtier/store/policies/queue.py",
+    "src/kvtier/store/policies/s3fifo.py",
+    "src/kvtier/store/policies/slots.py",
+]
+"""The modules on the request path: per-key and per-step work in the store and planner."""
+
+
+def ext_modules() -> list:
+    if os.environ.get("KVTIER_COMPILE", "").strip().lower() not in {"1", "true", "yes"}:
+        return []
+    from mypyc.build import mypycify  # the backend put mypy in the build environment
+
+    return mypycify(COMPILED, opt_level="3", debug_level="0")
+
+
+setup(ext_modules=ext_modules())
