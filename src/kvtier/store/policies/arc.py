@@ -12,6 +12,12 @@ victims were chosen with the previous ``p``; and the textbook tie-break on ``x i
 dropped because the incoming key is not known when victims are chosen. Protected keys
 met while choosing a victim move to the new end of their list, as if just used.
 
+Storage: each list is an ``OrderedKeys``, a plain dict in insertion order, kept at the
+size a fresh copy would have; nothing else per key. The directory holds up to ``2 c`` keys
+(``c`` resident, up to ``c`` ghosts, exactly, as the paper's lists), so its dicts are most of
+the policy's bytes: about 60 to 100 per resident chunk. Four separate dicts cost no more
+than one shared one (whose value would name the list) and keep each list's order for free.
+
 Worked example, capacity 2: insert a, b (both in T1); access a (a moves to T2); insert c
 evicts b (T1's oldest, since ``|T1| = 1 > p = 0``) into B1; inserting b again is a ghost
 hit: ``p`` becomes 1 and b goes to T2.
@@ -31,7 +37,7 @@ import math
 from collections.abc import Collection, Hashable, Iterator
 
 from kvtier.store.policies.base import Keys, Policy, count_in
-from kvtier.store.policies.queue import KeyQueue
+from kvtier.store.policies.queue import OrderedKeys
 
 
 class ARC(Policy):
@@ -43,8 +49,8 @@ class ARC(Policy):
         super().__init__(capacity)
         self.p = 0.0
         """Target size of ``T1``, in ``[0, capacity]``."""
-        self._t1, self._t2 = KeyQueue(), KeyQueue()
-        self._b1, self._b2 = KeyQueue(), KeyQueue()
+        self._t1, self._t2 = OrderedKeys(), OrderedKeys()
+        self._b1, self._b2 = OrderedKeys(), OrderedKeys()
 
     def on_insert(self, keys: Keys) -> None:
         # One key at a time, as in the paper, with list sizes kept in local counts. T1 and T2

@@ -1,9 +1,11 @@
-"""``KeyQueue``: a compact ordered set of keys, oldest first, that a key can move through.
+"""Ordered sets of keys, oldest first, that a key can move through; and ``DictWatch``.
 
-ARC keeps its lists (T1, T2 and the ghosts B1, B2) in these rather than in
-``OrderedDict``s, because a queue entry costs about half as much memory (a plain dict
-entry whose value is a small cached int, plus one deque pointer), which keeps the store's
-metadata under 256 bytes per resident chunk with four lists.
+``KeyQueue`` (LRU's order) costs, per key, a plain dict entry whose value is a small cached
+int plus one deque pointer, about half an ``OrderedDict``'s. ``OrderedKeys`` (ARC's four
+lists) is a plain dict alone, in insertion order: cheaper still, where moves are few.
+Both keep their dict at the size a fresh copy would have (``DictWatch``): a dict that keys
+pass through (added at one end, deleted at the other) otherwise grows, when its entry
+array fills up with deleted entries, to a power of two >= 3x its keys, twice a fresh one.
 
 How: ``_order`` is a deque of keys, oldest on the left; moving a key to the new end appends
 it again and leaves its older entry behind, stale. ``_state[k]`` packs two fields into a
@@ -22,10 +24,15 @@ every few moves. A compaction also rebuilds ``_state`` at its right size.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import and_
+from typing import TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 ENTRY, LIVE = 2, 1
 COMPACT_AT = 3
@@ -168,3 +175,143 @@ class KeyQueue:
         live.reverse()
         self._order = deque(live)
         self._state = dict(zip(live, repeat(ENTRY + LIVE)))
+
+
+class DictWatch:
+    """Says when a dict that keys pass through should be rebuilt at its fresh size.
+
+    A dict never reuses a deleted entry's room: each new key takes a fresh entry, and when
+    none is left the dict resizes to a power of two >= 3x its keys, twice the size
+    ``dict(d)`` (a power of two >= 1.5x) would have; nor does it ever shrink. So after each
+    batch of additions the owner asks ``after_adds``: if the dict grew since it last asked,
+    it is copied (at C speed, ~25 ns a key) when at least a third of its length in keys
+    were added since (at most three keys copied per key added); otherwise (a fresh copy
+    would leave too little room to add keys into) the grown dict is kept. A dict that lost
+    three quarters of its keys is copied too (``after_removals``).
+    """
+
+    __slots__ = ("_added", "_bytes", "_len")
+
+    def __init__(self, d: dict[K, V]) -> None:
+        self._bytes = sys.getsizeof(d)
+        self._len = len(d)
+        self._added = 0
+
+    def after_adds(self, d: dict[K, V], added: int) -> dict[K, V]:
+        """``d``, or a fresh copy of it (same keys, same order) to use in its place, after
+        ``added`` keys were added to it."""
+        self._added += added
+        size = sys.getsizeof(d)
+        if size == self._bytes:
+            return d
+        if size > self._bytes and 3 * self._added >= len(d):
+            d = dict(d)
+        self._reset(d)
+        return d
+
+    def after_removals(self, d: dict[K, V]) -> dict[K, V]:
+        """``d``, or a fresh copy of it if it lost three quarters of its keys."""
+        if 4 * len(d) >= self._len:
+            return d
+        d = dict(d)
+        self._reset(d)
+        return d
+
+    def _reset(self, d: dict[K, V]) -> None:
+        self._bytes, self._len, self._added = sys.getsizeof(d), len(d), 0
+
+
+class OrderedKeys:
+    """Ordered set of hashable keys, oldest first: a plain dict in insertion order.
+
+    A key moves to the new end by deletion and insertion. The dict is its only storage:
+    about 30 to 60 bytes a key, where a ``KeyQueue`` adds a deque pointer and its stale
+    entries. The price: finding the oldest key skips, at C speed (~0.7 ns each), the
+    deleted entries at the old end, which only a rebuild (``DictWatch``, or the dict's own
+    resize) clears; fine for batches of keys and few moves, as in ARC's lists.
+
+    >>> q = OrderedKeys()
+    >>> q.push(["a", "b", "c"]); q.move_from(OrderedKeys(), ["a"]); q.remove("b")
+    >>> list(q), q.pop_unprotected(1, ()), len(q)
+    (['c', 'a'], ['c'], 1)
+    """
+
+    __slots__ = ("_keys", "_watch")
+
+    def __init__(self) -> None:
+        self._keys: dict[Hashable, None] = {}
+        self._watch = DictWatch(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._keys)
+
+    def live_among(self, keys: Iterable[Hashable]) -> list[Hashable]:
+        """The ``keys`` that are here, in order (at C speed)."""
+        return list(filter(self._keys.__contains__, keys))
+
+    def push(self, keys: Sequence[Hashable]) -> None:
+        """Add absent ``keys`` at the new end."""
+        if keys:
+            self._keys.update(zip(keys, repeat(None)))
+            self._keys = self._watch.after_adds(self._keys, len(keys))
+
+    def move_from(self, other: OrderedKeys, keys: Sequence[Hashable]) -> None:
+        """Move each key to the new end here, ordered by its last occurrence in ``keys``;
+        a key in ``other`` leaves it, any other key is added.
+
+        >>> a, b = OrderedKeys(), OrderedKeys(); a.push(["x"]); b.push(["y"])
+        >>> b.move_from(a, ["x", "y", "x"]); list(a), list(b)
+        ([], ['y', 'x'])
+        """
+        order = list(dict.fromkeys(reversed(keys)))  # each key once, by its last occurrence
+        order.reverse()
+        mine, theirs = self._keys, other._keys
+        for k in order:
+            if k in mine:
+                del mine[k]
+            elif k in theirs:
+                del theirs[k]
+        mine.update(zip(order, repeat(None)))
+        other._keys = other._watch.after_removals(theirs)
+        self._keys = self._watch.after_adds(mine, len(order))
+
+    def remove(self, key: Hashable) -> None:
+        """Forget a key that is here."""
+        del self._keys[key]
+        self._keys = self._watch.after_removals(self._keys)
+
+    def drop_oldest(self, n: int) -> None:
+        """Forget the ``n`` oldest keys (a ghost list trimmed to its capacity)."""
+        assert n <= len(self._keys), f"drop_oldest({n}) with {len(self._keys)} keys"
+        if n:
+            self.pop_unprotected(n, ())
+
+    def pop_unprotected(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
+        """Pop the ``n`` oldest keys not in ``protected`` (the set has them); protected
+        keys met on the way move to the new end, in the order met."""
+        keys = self._keys
+        if not protected:
+            chosen = list(islice(keys, n))
+            passed: list[Hashable] = []
+        else:
+            chosen, passed = [], []
+            for k in keys:  # read only: the dict changes after the loop
+                if k in protected:
+                    passed.append(k)
+                else:
+                    chosen.append(k)
+                    if len(chosen) == n:
+                        break
+        for k in chosen:
+            del keys[k]
+        for k in passed:
+            del keys[k]
+        self._keys = self._watch.after_removals(keys)
+        self.push(passed)
+        return chosen
