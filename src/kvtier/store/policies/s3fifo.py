@@ -20,7 +20,8 @@ Storage: no key ever moves inside a queue (only from the old end to a new end), 
 and ``M`` are plain deques holding each resident key once, and one dict gives each key
 its queue and count as a small int (``in_main * 4 + count``, cached by Python: no object
 per key). A scan is one loop over the deques, and a removal (rare: ``on_remove``) filters
-them.
+them. Keys pass through the dict (added on insert, deleted on eviction), so a
+``DictWatch`` keeps it at a fresh copy's size, half what it would grow to.
 
 >>> s3 = S3FIFO(4)
 >>> s3.on_insert(["a", "b", "c", "d"]); s3.on_access(["a"])
@@ -37,10 +38,14 @@ from operator import sub
 
 from kvtier.store.policies.base import Keys, Policy
 from kvtier.store.policies.ghost import GhostFilter
+from kvtier.store.policies.queue import DictWatch
 
 MAX_FREQ = 3
 IN_MAIN = 4
 """Added to a key's count in ``_state`` when the key is in ``M``."""
+GHOST_CELLS_PER_KEY = 16
+"""The ghost filter's cells: 16 to 32 per key (2 to 4 bytes a resident chunk, ~1% false
+positives; see ``GhostFilter``), half its default, to fit the metadata budget."""
 _BUMPED = tuple(v if v & MAX_FREQ == MAX_FREQ else v + 1 for v in range(2 * IN_MAIN))
 """``_BUMPED[state]``: the state after one more access (the count saturates at 3)."""
 
@@ -64,7 +69,8 @@ class S3FIFO(Policy):
         self._small: deque[Hashable] = deque()  # S, oldest first
         self._main: deque[Hashable] = deque()  # M, oldest first
         self._state: dict[Hashable, int] = {}  # resident key -> in_main * IN_MAIN + count
-        self._ghost = GhostFilter(self._ghost_capacity)
+        self._state_watch = DictWatch(self._state)
+        self._ghost = GhostFilter(self._ghost_capacity, cells_per_key=GHOST_CELLS_PER_KEY)
 
     def on_insert(self, keys: Keys) -> None:
         state = self._state
@@ -78,6 +84,7 @@ class S3FIFO(Policy):
             fresh = list(keys)
         self._small.extend(fresh)
         state.update(zip(fresh, repeat(0)))
+        self._state = self._state_watch.after_adds(state, len(keys))
 
     def on_access(self, keys: Keys) -> None:
         # state[k] = _BUMPED[state[k]] for each key in turn, at C speed (update reads each
