@@ -57,7 +57,7 @@ PY
 "${PIP[@]}" -c "$WORK/constraints.txt" -r "$WORK/requirements.txt"
 
 "${PIP[@]}" -c "$WORK/constraints.txt" --no-deps -e "$REPO"
-"${PIP[@]}" -c "$WORK/constraints.txt" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+"${PIP[@]}" -c "$WORK/constraints.txt" "mypy_extensions>=1.0" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
 
 VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c \
     "import vllm, kvtier, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
