@@ -7,8 +7,8 @@ the engine's data plane turns a slot number into bytes (``store.backend.view(slo
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 from kvtier.boundaries import BoundaryMode, check_mode
 from kvtier.coverage import ChunkRanges
@@ -134,7 +134,7 @@ class Metrics:
 
     def add(self, other: Metrics) -> None:
         """Fold ``other`` into this one (request totals into planner totals)."""
-        for name, value in vars(other).items():
+        for name, value in other._counters():
             mine = getattr(self, name)
             if isinstance(value, dict):
                 for k, v in value.items():
@@ -143,4 +143,8 @@ class Metrics:
                 setattr(self, name, mine + value)
 
     def as_dict(self) -> dict[str, object]:
-        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in vars(self).items()}
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._counters()}
+
+    def _counters(self) -> list[tuple[str, Any]]:
+        # the fields, not vars(): a compiled dataclass has no __dict__
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
