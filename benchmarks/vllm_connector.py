@@ -29,6 +29,14 @@ default ``store: all``), judged the same way in ``met_all``. With full attention
 store the same chunks; with a sliding window, native serves a hit only at each prompt's end
 (and stores no answer chunk of the window group), dense kvtier serves every boundary and
 ``shared`` the prompt end plus the point where a lookup saw another request's prefix.
+
+``met`` is judged on ``kvtier-end``: the mode that stores by native's own rule (a hit at
+each prompt's end), so that all three targets compare the same work. Dense and ``shared``
+store more on purpose, to serve hits native cannot (twice native's hit tokens, dense; 67%
+more, ``shared``), and are reported as ``met_dense`` and ``met_shared``: with a sliding
+window they cannot meet "no more stored bytes" by construction. The build (pure Python or
+mypyc-compiled; README, "Compiled build") is printed with the figures: the scheduler-side
+overhead differs between them by about 0.05 ms a step.
 """
 
 from __future__ import annotations
@@ -224,10 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"benchmark": "vllm_connector", "build": build(), "clock": args.clock,
                       "figures": figures,
                       "targets": TARGETS,
-                      "judged_on": "prompt-only pair (native's default); see the docstring",
-                      "met": _all_met(met["kvtier"]),
+                      "judged_on": "kvtier-end against native, prompts only (native's default"
+                                   " and its storing rule); see the docstring",
+                      "met": _all_met(met["kvtier-end"]),
+                      "met_dense": _all_met(met["kvtier"]),
                       "met_shared": _all_met(met["kvtier-shared"]),
-                      "met_end": _all_met(met["kvtier-end"]),
                       "met_all": _all_met(met["kvtier-all"]),
                       "met_shared_all": _all_met(met["kvtier-shared-all"]),
                       "met_by_target": met}))
