@@ -89,8 +89,8 @@ class TransferEngine:
     checked here (``ValueError`` says what to fix). ``fault``, for tests, is called with
     each copy just before its slot bytes move; if it raises, that job fails and later jobs
     run normally. ``staging_bytes`` bounds the staging buffer of each direction.
-    ``load_threads`` (CPU only): threads one job spreads its copies over, by slot, loads
-    and stores alike (each of them running torch's kernels single-threaded); ``None``, the
+    ``load_threads`` (CPU only): threads one load spreads its numpy copies over, by slot
+    (stores spread over torch's intra-op threads inside ``index_select``); ``None``, the
     default, takes torch's intra-op thread count.
     """
 

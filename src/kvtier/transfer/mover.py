@@ -3,10 +3,9 @@
 The slot side of a batch is always a ``[n, chunk_words]`` word view in slot layout, and
 copies move with one batched ``index_select`` (store) or ``index_copy_`` (load) per block
 position and layer piece, over all the batch's chunks at once (a CPU load: one numpy
-assignment per layer piece); in batches of consecutive block ids, one per run of blocks of
-a layer instead. On the CPU a batch's slots are split into parts that run on several
-threads at once, each thread's torch kernels single-threaded (see :class:`CpuThreads`).
-That view is either
+assignment per layer piece, split by slot over torch's intra-op thread count, see
+:class:`CpuScatter`); in batches of consecutive block ids, one per run of blocks of a
+layer instead. That view is either
 
 * the slots themselves, when they are evenly spaced rows of one slab on the KV device (the
   CPU): one pass, no staging (:func:`slab_rows`); or
@@ -23,11 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import ctypes
-import functools
-import itertools
-import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -44,10 +38,7 @@ fewer elements by parallel memcpy, longer ones by a per-row element loop (measur
 short of it."""
 
 MIN_PART_BYTES = 1 << 20
-"""A CPU job is split over threads only in parts of at least this many bytes."""
-
-PARTS_PER_THREAD = 4
-"""A CPU job's parts per thread at most (see :meth:`CpuThreads.run`)."""
+"""A CPU load is split over threads only in parts of at least this many bytes."""
 
 FaultHook = Callable[[ChunkCopy], None]
 """Called with each copy just before its slot bytes move; raising fails the job (tests)."""
@@ -97,49 +88,6 @@ def slab_rows(batch: Batch) -> torch.Tensor | None:
     out = torch.empty(0, dtype=batch.view.word, device=first.device)
     shape = (len(slots), batch.view.chunk_words)
     return out.set_(storage, start // word, shape, (spacing // word, 1))
-
-
-def slab_index(batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
-    """CPU slots that :func:`slab_rows` cannot view as one: rows of a strided view, and
-    each slot's row, when the slots sit inside the first slot's storage at word-aligned
-    addresses a common spacing apart (any rows of one slab, in any order, with gaps).
-
-    The slots then move to or from a staging buffer with one numpy call per batch part
-    instead of one copy per slot (a Python call each, which waits for the GIL while the
-    engine's thread runs Python). Example: rows 5, 9 and 6 of a ``[64, 4096]`` slab, 8-byte
-    words: a ``[5, 512]`` view from row 5 with rows ``[0, 4, 1]``.
-    """
-    slots, ptrs, view = batch.slots, batch.ptrs, batch.view
-    first = slots[0]
-    if not first.is_cpu or view.device.type != "cpu":
-        return None
-    storage = first.untyped_storage()
-    offsets = ptrs - storage.data_ptr()
-    low = int(offsets.min())
-    steps = offsets - low
-    spacing = int(np.gcd.reduce(steps)) if len(steps) > 1 else view.chunk_bytes
-    word = view.word_bytes
-    if low < 0 or low % word or spacing <= 0 or spacing % word:
-        return None
-    at = steps // spacing
-    count = int(at.max()) + 1
-    if low + spacing * (count - 1) + view.chunk_bytes > storage.nbytes():
-        return None
-    out = torch.empty(0, dtype=view.word)
-    out.set_(storage, low // word, (count, view.chunk_words), (spacing // word, 1))
-    return out.numpy(), at
-
-
-def _staging_to_rows(batch: Batch, staged: torch.Tensor, rows: np.ndarray,
-                     at: np.ndarray) -> None:
-    """Staging rows -> the batch's slots (rows ``at`` of ``rows``), only the batch's blocks."""
-    view, src = batch.view, staged.numpy()
-    for lo, hi in view.byte_ranges(batch.first_block, batch.num_blocks):
-        a, b = lo // view.word_bytes, hi // view.word_bytes
-        if a == 0 and b == view.chunk_words:
-            rows[at] = src
-        else:
-            rows[at, a:b] = src[:, a:b]
 
 
 def runs_of(piece: Piece, count: int) -> torch.Tensor:
@@ -223,12 +171,12 @@ class Mover:
         self._staging_bytes = staging_bytes
         self._staging = Staging(device)
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._cpu = CpuThreads(load_threads) if device.type == "cpu" else None
+        self._cpu_scatter = CpuScatter(load_threads) if device.type == "cpu" else None
 
     def close(self) -> None:
-        """Stop the helper threads of CPU jobs, if any ran (idempotent)."""
-        if self._cpu is not None:
-            self._cpu.close()
+        """Stop the helper threads of CPU loads, if any ran (idempotent)."""
+        if self._cpu_scatter is not None:
+            self._cpu_scatter.close()
 
     def store(self, batches: Sequence[Batch], ready: object | None) -> None:
         """Engine blocks -> slots. ``ready``: a CUDA event the copies must wait for."""
@@ -237,17 +185,12 @@ class Mover:
                 direct = slab_rows(batch)
                 if direct is not None:
                     self._check_faults(batch)
-                    self._gather(batch, direct)
+                    _gather(batch, direct)
                     continue
                 for part in self._parts(batch):
                     staged = self._staging.rows(part)
-                    self._gather(part, staged)
-                    indexed = slab_index(part) if self._cpu is not None else None
-                    if indexed is None:
-                        self._staging_to_slots(part, staged)
-                        continue
-                    self._check_faults(part)
-                    _staging_to_rows(part, staged, *indexed)
+                    _gather(part, staged)
+                    self._staging_to_slots(part, staged)
 
     def load(self, batches: Sequence[Batch], ready: object | None) -> None:
         """Slots -> engine blocks. ``ready``: a CUDA event the copies must wait for."""
@@ -260,27 +203,13 @@ class Mover:
                     continue
                 for part in self._parts(batch):
                     staged = self._staging.rows(part)
-                    indexed = slab_index(part) if self._cpu is not None else None
-                    if indexed is None:
-                        self._slots_to_staging(part, staged)
-                    else:  # whole chunks: a slot holds them, and only blocks move on
-                        self._check_faults(part)
-                        rows, at = indexed
-                        np.take(rows, at, axis=0, out=staged.numpy(), mode="clip")
+                    self._slots_to_staging(part, staged)
                     self._scatter(part, staged)
-
-    def _gather(self, batch: Batch, staged: torch.Tensor) -> None:
-        """KV blocks -> slot-layout rows ``staged`` (a staging buffer or the slots)."""
-        if self._cpu is None:
-            _gather(batch, staged)
-            return
-        self._cpu.run(batch, lambda lo, hi: _gather(batch.part(lo, hi), staged[lo:hi]))
 
     def _scatter(self, batch: Batch, staged: torch.Tensor) -> None:
         """Slot-layout rows ``staged`` -> KV blocks."""
-        if self._cpu is not None:  # the CPU: staged and KV are host memory
-            moves = list(planes(batch, staged))  # a load writes each block once (checked)
-            self._cpu.run(batch, lambda lo, hi: _assign(moves, lo, hi))
+        if self._cpu_scatter is not None:  # the CPU: staged and KV are host memory
+            self._cpu_scatter(batch, staged)
             return
         for rows, ids, src in placements(batch, staged):
             rows.index_copy_(0, ids, src)
@@ -337,16 +266,11 @@ def _gather(batch: Batch, staged: torch.Tensor) -> None:
         torch.index_select(rows, 0, ids, out=dst)
 
 
-class CpuThreads:
-    """CPU jobs: a batch's slots split into up to ``threads`` parts that run at once.
-
-    A store part is one ``index_select`` per block position and layer piece, a load part
-    one numpy assignment per layer piece, each over its own slots; torch and numpy let go
-    of the GIL while they copy. Every thread that runs parts runs torch's kernels
-    single-threaded (:func:`serial_intra_op`): ``index_select`` would otherwise split each
-    call's few rows over torch's OpenMP threads and wait for all of them after each call,
-    once per block position and layer (measured on 2 cores, a Llama-3.1-8B-shaped store of
-    64 MiB: 0.66 of a contiguous copy that way, 1.0 split by slot over 2 threads).
+class CpuScatter:
+    """CPU loads: one numpy assignment per layer piece moves every block position at memcpy
+    speed (``index_copy_`` moves one word per element), the batch's slots split into up to
+    ``threads`` parts that run at once (numpy lets go of the GIL while it copies), as
+    ``index_select`` spreads a store over torch's intra-op threads.
 
     The helper threads start with the first split batch, not here; :meth:`close` ends them.
     Example: 256 slots of 256 KiB and 2 threads: slots 0..127 on a helper, 128..255 here.
@@ -355,78 +279,24 @@ class CpuThreads:
     def __init__(self, threads: int) -> None:
         self._threads = max(1, threads)
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max(1, self._threads - 1), thread_name_prefix="kvtier-copy",
-            initializer=serial_intra_op)
+            max(1, self._threads - 1), thread_name_prefix="kvtier-load")
 
-    def run(self, batch: Batch, move: Callable[[int, int], None]) -> None:
-        """``move(lo, hi)`` for slot ranges covering the batch, on up to ``threads`` threads;
-        returns once every part has ended, raising what a part raised.
-
-        There are up to ``PARTS_PER_THREAD`` parts per thread, which each thread takes in
-        turn until none is left: a thread that the machine's other work slows down takes
-        fewer of them instead of holding the job up.
-        """
-        serial_intra_op()
-        n = len(batch.copies)
-        most = min(n, n * batch.view.chunk_bytes // MIN_PART_BYTES)
-        parts = max(1, min(self._threads * PARTS_PER_THREAD, most))
+    def __call__(self, batch: Batch, staged: torch.Tensor) -> None:
+        moves = list(planes(batch, staged))  # a load writes each block once (checked at submit)
+        n = int(staged.shape[0])
+        parts = max(1, min(self._threads, n, n * batch.view.chunk_bytes // MIN_PART_BYTES))
         edges = [n * k // parts for k in range(parts + 1)]
-        turns = itertools.count()  # next() is atomic under the GIL
-
-        def take() -> None:
-            while (k := next(turns)) < parts:
-                move(edges[k], edges[k + 1])
-
-        helpers = [self._pool.submit(take) for _ in range(min(self._threads, parts) - 1)]
+        helpers = [self._pool.submit(_assign, moves, edges[k], edges[k + 1])
+                   for k in range(parts - 1)]
         try:
-            take()
-        finally:  # never report a job done while a helper still moves its bytes
-            if helpers:
-                concurrent.futures.wait(helpers)
+            _assign(moves, edges[-2], edges[-1])
+        finally:  # never report a job done while a helper still writes its blocks
+            concurrent.futures.wait(helpers)
         for helper in helpers:
             helper.result()  # raises what the helper raised
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-
-
-_serial = threading.local()
-
-
-def serial_intra_op() -> None:
-    """Run torch's CPU kernels single-threaded in the calling thread, and only there.
-
-    OpenMP keeps a thread count per thread (``omp_set_num_threads`` sets the caller's),
-    whereas ``torch.set_num_threads`` would also change MKL's and the count of threads
-    started later, the engine's compute included. A no-op without an OpenMP runtime.
-    """
-    if getattr(_serial, "done", False):
-        return
-    _serial.done = True
-    omp = _openmp()
-    if omp is not None:
-        torch.get_num_threads()  # torch's per-thread setup first, or it resets the count
-        omp.omp_set_num_threads(1)
-
-
-@functools.cache
-def _openmp() -> ctypes.CDLL | None:
-    """The OpenMP runtime torch loaded (``libgomp``, ``libiomp5``, ``libomp``), if any."""
-    try:
-        with open(f"/proc/{os.getpid()}/maps") as maps:
-            paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "omp" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        name = os.path.basename(path)
-        if name.startswith(("libgomp", "libiomp5", "libomp")) and ".so" in name:
-            try:
-                lib = ctypes.CDLL(path)
-                lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-                return lib
-            except (OSError, AttributeError):
-                continue
-    return None
 
 
 def _assign(moves: list[tuple[np.ndarray, ...]], lo: int, hi: int) -> None:

@@ -60,16 +60,14 @@ class Batch:
     def num_blocks(self) -> int:
         return int(self.ids.shape[0])
 
-    def part(self, lo: int, hi: int) -> Batch:
-        """Copies ``lo .. hi-1`` as a batch of their own (same shape, same order)."""
-        return Batch(self.view, self.copies[lo:hi], self.slots[lo:hi],
-                     np.ascontiguousarray(self.ids[:, lo:hi]), self.ptrs[lo:hi],
-                     self.consecutive)
-
     def split(self, size: int) -> list[Batch]:
         """Consecutive parts of at most ``size`` copies (at least one each)."""
         size = max(1, size)
-        return [self.part(i, i + size) for i in range(0, len(self.copies), size)]
+        return [
+            Batch(self.view, self.copies[i : i + size], self.slots[i : i + size],
+                  self.ids[:, i : i + size], self.ptrs[i : i + size], self.consecutive)
+            for i in range(0, len(self.copies), size)
+        ]
 
 
 @dataclass(frozen=True)
