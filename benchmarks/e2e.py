@@ -31,6 +31,7 @@ from dataclasses import replace
 
 import torch
 
+from kvtier.buildinfo import build
 from kvtier.engine import Engine, EngineConfig, GroupSpec
 from kvtier.integrations.engine import KvtierOffloader
 
@@ -173,8 +174,9 @@ def main() -> None:
                "decode_attached_over_detached": DECODE_TARGET}
     met = (figures["ttft_warm_over_cold"] <= TTFT_TARGET
            and figures["decode_attached_over_detached"] >= DECODE_TARGET)
-    print(json.dumps({"benchmark": "e2e", "figures": figures, "targets": targets,
-                      "met": met}))
+    print(f"build: {build()} (kvtier.buildinfo; README, \"Compiled build\")")
+    print(json.dumps({"benchmark": "e2e", "build": build(), "figures": figures,
+                      "targets": targets, "met": met}))
 
 
 if __name__ == "__main__":
