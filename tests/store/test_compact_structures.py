@@ -65,7 +65,8 @@ def test_dict_watch_keeps_a_churned_dict_at_a_fresh_size() -> None:
         d.update(dict.fromkeys(range(start, start + 16)))
         d = watch.after_adds(d, 16)
     assert list(d) == list(range(188_000, 200_000))
-    assert sys.getsizeof(d) == sys.getsizeof(dict(d))
+    # no bigger than a dict built fresh with as many keys
+    assert sys.getsizeof(d) <= sys.getsizeof(dict.fromkeys(range(12_000)))
 
 
 def test_dense_ghost_filter_false_positives_stay_low() -> None:

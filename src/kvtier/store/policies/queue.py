@@ -1,20 +1,21 @@
 """Ordered sets of keys, oldest first, that a key can move through; and ``DictWatch``.
 
 ``KeyQueue`` (LRU's order) costs, per key, a plain dict entry whose value is a small cached
-int plus one deque pointer, about half an ``OrderedDict``'s. ``OrderedKeys`` (ARC's four
-lists) is a plain dict alone, in insertion order: cheaper still, where moves are few.
-Both keep their dict at the size a fresh copy would have (``DictWatch``): a dict that keys
-pass through (added at one end, deleted at the other) otherwise grows, when its entry
-array fills up with deleted entries, to a power of two >= 3x its keys, twice a fresh one.
+int plus one deque pointer, about half an ``OrderedDict``'s; its compactions rebuild its
+dict. ``OrderedKeys`` (ARC's four lists) is a plain dict alone, in insertion order: cheaper
+still, where moves are few; ``DictWatch`` keeps it at the size a fresh copy would have. A
+dict that keys pass through (added at one end, deleted at the other) otherwise grows, when
+its entry array fills up with deleted entries, to a power of two >= 3x its keys, twice a
+fresh one.
 
-How: ``_order`` is a deque of keys, oldest on the left; moving a key to the new end appends
-it again and leaves its older entry behind, stale. ``_state[k]`` packs two fields into a
-small int: ``entries * 2 + live``, where ``entries`` counts ``k``'s entries in the deque.
-Popping the oldest skips entries that are stale (``entries > 1``: a newer one exists) or
-dead (removed). Stale and dead entries are mostly dropped that way, as the old end is
-popped; the deque is compacted (at C speed) only when they outnumber the live keys
-``COMPACT_AT - 1`` times over, which bounds its length without paying a compaction for
-every few moves. A compaction also rebuilds ``_state`` at its right size.
+How ``KeyQueue`` works: ``_order`` is a deque of keys, oldest on the left; moving a key to
+the new end appends it again and leaves its older entry behind, stale. ``_state[k]`` packs
+two fields into a small int: ``entries * 2 + live``, where ``entries`` counts ``k``'s
+entries in the deque. Popping the oldest skips entries that are stale (``entries > 1``: a
+newer one exists) or dead (removed). Stale and dead entries are mostly dropped that way,
+as the old end is popped; the deque is compacted (at C speed) only when they outnumber the
+live keys ``COMPACT_AT - 1`` times over, which bounds its length without paying a
+compaction for every few moves. A compaction also rebuilds ``_state`` at its right size.
 
 >>> q = KeyQueue()
 >>> q.push(["a", "b", "c"]); q.move_from(KeyQueue(), ["a"]); q.remove("b")
@@ -199,7 +200,7 @@ class DictWatch:
 
     A dict never reuses a deleted entry's room: each new key takes a fresh entry, and when
     none is left the dict resizes to a power of two >= 3x its keys, twice the size
-    ``dict(d)`` (a power of two >= 1.5x) would have; nor does it ever shrink. So after each
+    ``fresh_copy(d)`` (a power of two >= 1.5x) would have; nor does it ever shrink. So after each
     batch of additions the owner asks ``after_adds``: if the dict grew since it last asked,
     it is copied (at C speed, ~25 ns a key) when at least a third of its length in keys
     were added since (at most three keys copied per key added); otherwise (a fresh copy
