@@ -5,9 +5,13 @@ Everything else about the package is in ``pyproject.toml``. See README, "Compile
 
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 
 from setuptools import setup
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "build_backend"))
+from kvtier_build import compile_requested  # the one reading of KVTIER_COMPILE
 
 COMPILED = [
     "src/kvtier/boundaries.py",
@@ -34,7 +38,7 @@ COMPILED = [
 
 
 def ext_modules() -> list:
-    if os.environ.get("KVTIER_COMPILE", "").strip().lower() not in {"1", "true", "yes"}:
+    if not compile_requested():
         return []
     from mypyc.build import mypycify  # the backend put mypy in the build environment
 
