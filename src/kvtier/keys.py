@@ -31,6 +31,11 @@ import numpy as np
 
 from kvtier.layout import LAYOUT_VERSION, Group, Layout
 
+try:  # the compiled build's C loop for the sha256 spine (setup.py, NATIVE); same digests
+    from kvtier import _native
+except ImportError:  # the pure build
+    _native = None  # type: ignore[assignment]
+
 ChunkKey = NewType("ChunkKey", bytes)
 """The identity of one stored chunk: an 8-byte group tag and a 32-byte prefix digest."""
 
@@ -199,6 +204,10 @@ class KeyChain:
         self._built: list[list[ChunkKey]] = [[] for _ in layout.groups]
         self._spine: list[bytes] = []
         self._hash, self._pad = _running(namespace.hash_name, _seed(namespace))
+        # sha256 in the compiled build: the running state as bytes, fed by one C call per
+        # extend instead of one hashlib call per unit (keys identical either way)
+        self._state = (_native.sha256_start(_seed(namespace))
+                       if _native is not None and namespace.hash_name == "sha256" else None)
         self.extend(tokens)
 
     @property
@@ -220,6 +229,11 @@ class KeyChain:
 
     def _advance_spine(self, data: bytes | memoryview) -> None:
         """Feed the running hash; read its digest at every unit boundary ``data`` crosses."""
+        if self._state is not None:
+            digests, self._filled = _native.sha256_spine(self._state, data, self._filled,
+                                                         self._unit * 4)
+            self._spine += digests
+            return
         step, n = self._unit * 4, len(data)
         view, h, pad, append = memoryview(data), self._hash, self._pad, self._spine.append
         pos = step - self._filled
@@ -228,16 +242,16 @@ class KeyChain:
             self._filled += n
             return
         h.update(view[:pos])
-        append(h.copy().digest() + pad)
+        append(h.digest() + pad)
         if pad:
             while pos + step <= n:
                 h.update(view[pos : pos + step])
-                append(h.copy().digest() + pad)
+                append(h.digest() + pad)
                 pos += step
         else:  # the cryptographic hashes: the loop every long prompt runs, kept bare
             while pos + step <= n:
                 h.update(view[pos : pos + step])
-                append(h.copy().digest())
+                append(h.digest())
                 pos += step
         h.update(view[pos:])
         self._filled = n - pos

@@ -1,0 +1,118 @@
+"""``kvtier._native``, the compiled build's C loops, against the Python they replace.
+
+Skipped in the pure build (the module is only built with ``KVTIER_COMPILE=1``); CI's second
+run has it (tests/test_buildinfo.py fails there if it is missing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvtier.keys
+from kvtier.keys import KeyChain, Namespace
+from kvtier.layout import Group, Layout
+
+_native = pytest.importorskip("kvtier._native", reason="built only by KVTIER_COMPILE=1")
+
+
+def spine_by_hashlib(seed: bytes, data: bytes, step: int) -> list[bytes]:
+    h, out = hashlib.sha256(seed), []
+    for end in range(step, len(data) + 1, step):
+        h.update(data[end - step : end])
+        out.append(h.digest())
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=0, max_size=5000), step=st.integers(1, 700),
+       cuts=st.lists(st.integers(0, 5000), max_size=6))
+def test_spine_digests_equal_hashlib_however_the_stream_is_cut(
+        data: bytes, step: int, cuts: list[int]) -> None:
+    state, filled, got = _native.sha256_start(b"seed"), 0, []
+    edges = sorted({0, len(data), *(c for c in cuts if c <= len(data))})
+    for lo, hi in itertools.pairwise(edges):
+        digests, filled = _native.sha256_spine(state, data[lo:hi], filled, step)
+        got += digests
+    assert got == spine_by_hashlib(b"seed", data, step)
+    assert filled == len(data) % step
+
+
+def test_a_long_feed_hashes_without_the_gil_and_still_agrees() -> None:
+    data = np.random.default_rng(1).integers(0, 256, 300_000, dtype=np.uint8)
+    digests, filled = _native.sha256_spine(_native.sha256_start(b""), data, 0, 1024)
+    assert digests == spine_by_hashlib(b"", data.tobytes(), 1024)
+    assert filled == 300_000 % 1024
+
+
+@pytest.mark.parametrize("layout", [
+    Layout((Group("full", 16),)),
+    Layout((Group("full", 16, 4), Group("sliding_window", 32, 2, window=100))),
+    Layout((Group("full", 16), Group("full", 16, lookahead=2))),
+], ids=["full", "hybrid", "draft"])
+def test_keys_are_the_same_with_and_without_the_c_loop(
+        layout: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens = np.random.default_rng(2).integers(0, 150_000, 5000, dtype=np.uint32)
+    ns = Namespace("m", tenant_salt="t")
+
+    def all_keys() -> list[list[object]]:
+        chain = KeyChain(layout, ns, tokens[:3001])
+        for i in range(3001, 5000, 7):  # a prompt, then decoding-sized appends
+            chain.extend(tokens[i : i + 7].tolist())
+        return [[chain.key(g, c) for c in range(5000 // grp.tokens_per_chunk)]
+                for g, grp in enumerate(layout.groups)]
+
+    native = all_keys()
+    monkeypatch.setattr(kvtier.keys, "_native", None)
+    assert all_keys() == native
+    assert all(k is not None for keys in native for k in keys[:-1])
+
+
+def test_bad_spine_arguments_are_clear_errors() -> None:
+    state = _native.sha256_start(b"")
+    with pytest.raises(ValueError, match="state must come from sha256_start"):
+        _native.sha256_spine(bytearray(7), b"abc", 0, 4)
+    with pytest.raises(ValueError, match="0 <= filled < step"):
+        _native.sha256_spine(state, b"abc", 4, 4)
+    with pytest.raises(ValueError, match="0 <= filled < step"):
+        _native.sha256_spine(state, b"abc", 0, 0)
+    assert _native.sha256_spine(state, b"", 0, 4) == ([], 0)
+
+
+def addr(a: np.ndarray, offset: int = 0) -> int:
+    return int(a.ctypes.data) + offset
+
+
+@pytest.mark.parametrize("length", [0, 1, 15, 255, 256, 257, 1000, 4096, 65_537])
+@pytest.mark.parametrize("dst_off", [0, 1, 8, 13])
+@pytest.mark.parametrize("src_off", [0, 3, 16])
+def test_copy_moves_exactly_its_ranges(length: int, dst_off: int, src_off: int) -> None:
+    rng = np.random.default_rng(length + dst_off)
+    src = rng.integers(0, 256, 2 * length + 64, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    # two ranges: the second starts where the first ends in dst, from elsewhere in src
+    d = np.array([addr(dst, dst_off), addr(dst, dst_off + length)], np.int64)
+    s = np.array([addr(src, src_off + length), addr(src, src_off)], np.int64)
+    _native.copy(d, s, np.array([length, length], np.int64))
+    want = np.zeros_like(src)
+    want[dst_off : dst_off + length] = src[src_off + length : src_off + 2 * length]
+    want[dst_off + length : dst_off + 2 * length] = src[src_off : src_off + length]
+    np.testing.assert_array_equal(dst, want)  # and not one byte outside them
+
+
+def test_bad_copy_arguments_are_clear_errors() -> None:
+    one = np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match="differ in length"):
+        _native.copy(one, one, np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="negative"):
+        _native.copy(one, one, np.array([-1], np.int64))
+    with pytest.raises(ValueError, match="8-byte integers"):
+        _native.copy(np.zeros(1, np.int32), one, one)
+    with pytest.raises(ValueError, match="8-byte integers"):
+        _native.copy(np.zeros((1, 1), np.int64), one, one)
+    _native.copy(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
