@@ -12,6 +12,10 @@ layer instead. That view is either
 * a staging buffer on the KV device, exchanged with each slot by one contiguous copy per
   slot (a DMA on CUDA): shuffled slots, separate buffers, and always on CUDA.
 
+In the compiled build, CPU copies skip all of that: each block of each layer piece moves by
+one memcpy straight between the KV tensor and its slot, in one C call per thread without the
+GIL (:class:`NativeCopies`); the torch paths above remain the pure build's and CUDA's.
+
 On CUDA each mover owns a stream: a job first waits for the event recorded on the compute
 stream at submit time, then runs every copy on its stream (slot copies are non-blocking,
 from or to page-locked memory), and is reported done only after its completion event has
@@ -30,6 +34,11 @@ import torch
 from kvtier.transfer.plan import Batch
 from kvtier.transfer.spec import ChunkCopy
 from kvtier.transfer.views import Piece
+
+try:  # the compiled build's batched memcpy (setup.py, NATIVE)
+    from kvtier import _native
+except ImportError:  # the pure build: torch and numpy copies
+    _native = None  # type: ignore[assignment]
 
 ROW_WORDS = 1 << 15
 """Rows of this many words or more copy slowly: torch's CPU ``index_select`` moves rows of
@@ -171,17 +180,25 @@ class Mover:
         self._staging_bytes = staging_bytes
         self._staging = Staging(device)
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._cpu_scatter = CpuScatter(load_threads) if device.type == "cpu" else None
+        cpu = device.type == "cpu"
+        self._native = NativeCopies(load_threads) if cpu and _native is not None else None
+        self._cpu_scatter = CpuScatter(load_threads) if cpu and self._native is None else None
 
     def close(self) -> None:
-        """Stop the helper threads of CPU loads, if any ran (idempotent)."""
+        """Stop the helper threads of CPU copies, if any ran (idempotent)."""
         if self._cpu_scatter is not None:
             self._cpu_scatter.close()
+        if self._native is not None:
+            self._native.close()
 
     def store(self, batches: Sequence[Batch], ready: object | None) -> None:
         """Engine blocks -> slots. ``ready``: a CUDA event the copies must wait for."""
         with self._on_stream(ready):
             for batch in batches:
+                if self._native is not None:
+                    self._check_faults(batch)
+                    self._native(batch, "store")
+                    continue
                 direct = slab_rows(batch)
                 if direct is not None:
                     self._check_faults(batch)
@@ -196,6 +213,10 @@ class Mover:
         """Slots -> engine blocks. ``ready``: a CUDA event the copies must wait for."""
         with self._on_stream(ready):
             for batch in batches:
+                if self._native is not None:
+                    self._check_faults(batch)
+                    self._native(batch, "load")
+                    continue
                 direct = slab_rows(batch)
                 if direct is not None:
                     self._check_faults(batch)
@@ -303,3 +324,73 @@ def _assign(moves: list[tuple[np.ndarray, ...]], lo: int, hi: int) -> None:
     """Slots ``lo..hi-1`` of every ``(KV rows, block ids, slot plane)`` move."""
     for dst, at, plane in moves:
         dst[at[lo:hi]] = plane[lo:hi]
+
+
+def addresses(batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(kv, slot, lengths)``: one byte range per (copy, layer piece, block), copy-major.
+
+    Entry ``e`` is ``lengths[e]`` bytes at address ``kv[e]`` in a KV tensor and at
+    ``slot[e]`` in a slot: a block of a layer piece, or in a ``consecutive`` batch a
+    one-piece layer's whole run of blocks. Every address is inside memory :mod:`plan`
+    checked (block ids below ``num_blocks``, slots at least ``chunk_bytes`` long).
+    Example: 2 copies of a 4-block chunk, 4 one-piece layers, shuffled ids: 32 entries,
+    those of copy 0 first, in slot order; consecutive ids: 8 entries, one run per layer.
+    """
+    view, wb, count = batch.view, batch.view.word_bytes, batch.num_blocks
+    kv: list[np.ndarray] = []
+    slot: list[np.ndarray] = []
+    lengths: list[int] = []
+    for li, layer in enumerate(view.layers):
+        start = batch.ptrs + view.block_word(li, batch.first_block) * wb
+        if batch.consecutive and len(layer.pieces) == 1:
+            rows = layer.pieces[0].rows  # contiguous: a run of blocks is one range
+            kv.append(rows.data_ptr() + batch.ids[0] * (rows.stride(0) * wb))
+            slot.append(start)
+            lengths.append(count * rows.shape[1] * wb)
+            continue
+        for j in range(count):
+            for piece in layer.pieces:
+                rows = piece.rows
+                kv.append(rows.data_ptr() + batch.ids[j] * (rows.stride(0) * wb))
+                slot.append(start + (j * layer.words_per_block + piece.offset) * wb)
+                lengths.append(piece.width * wb)
+    n = len(batch.copies)
+    return (np.stack(kv, axis=1).ravel(), np.stack(slot, axis=1).ravel(),
+            np.tile(np.array(lengths, np.int64), n))
+
+
+class NativeCopies:
+    """CPU stores and loads in the compiled build: the batch's byte ranges
+    (:func:`addresses`) move by ``kvtier._native.copy``, one memcpy each, without the GIL,
+    split by copy over up to ``threads`` threads. Straight between the KV tensors and each
+    slot, wherever the slots are: no staging, and no pass per block position (a torch
+    ``index_select`` into strided slot columns ran at half a contiguous copy's speed).
+
+    Example: 256 copies of 256 KiB and 2 threads: copies 0..127 on a helper, 128..255 here.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self._threads = max(1, threads)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max(1, self._threads - 1), thread_name_prefix="kvtier-copy")
+
+    def __call__(self, batch: Batch, direction: str) -> None:
+        kv, slot, lengths = addresses(batch)
+        dst, src = (slot, kv) if direction == "store" else (kv, slot)
+        n = len(batch.copies)
+        per = len(lengths) // n  # entries per copy
+        parts = max(1, min(self._threads, n, n * batch.view.chunk_bytes // MIN_PART_BYTES))
+        edges = [n * k // parts * per for k in range(parts + 1)]
+        assert _native is not None
+        helpers = [self._pool.submit(_native.copy, dst[edges[k]:edges[k + 1]],
+                                     src[edges[k]:edges[k + 1]], lengths[edges[k]:edges[k + 1]])
+                   for k in range(parts - 1)]
+        try:
+            _native.copy(dst[edges[-2]:], src[edges[-2]:], lengths[edges[-2]:])
+        finally:  # never report a job done while a helper still copies
+            concurrent.futures.wait(helpers)
+        for helper in helpers:
+            helper.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
