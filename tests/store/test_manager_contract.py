@@ -34,6 +34,20 @@ def test_store_then_lookup_and_load(policy_name: str) -> None:
     store.check_invariants()
 
 
+def test_a_load_counts_as_an_access_when_it_completes() -> None:
+    """LRU: a load refreshes its chunks at ``complete_load``, after uses made while it was
+    pinned (a pinned chunk cannot be evicted meanwhile, so only the later recency counts)."""
+    store = make_store("lru", 3)
+    store_ok(store, keys("abc"))  # a is the oldest
+    load = store.prepare_load(keys("a"))
+    store.touch(keys("c"))
+    store.touch(keys("b"))
+    store.complete_load(load)  # a is now the newest: c, b, a
+    store_ok(store, keys("d"))
+    assert store.lookup(keys("abcd")) == [R, R, A, R]
+    store.check_invariants()
+
+
 def test_present_and_writing_keys_are_skipped(policy_name: str) -> None:
     store = make_store(policy_name, 4)
     store_ok(store, keys("a"))

@@ -5,10 +5,12 @@ asynchronously, on the data plane, between a ``prepare_*`` and its ``complete_*`
 
 * ``lookup(keys)``: a ``ChunkState`` per key; changes nothing.
 * ``prepare_load(keys) -> LoadHandle``: pins every key (it cannot be evicted while the data
-  plane reads its slot) and counts as an access. Every key must be readable, else
+  plane reads its slot). Every key must be readable, else
   ``ChunkNotReadyError`` and nothing is pinned: the planner loads only what ``lookup`` saw
   ready. To make lookup and load atomic against other threads, hold ``store.lock``.
-* ``complete_load(handle)``: unpins.
+* ``complete_load(handle)``: unpins, and counts the load as an access of its keys (the
+  policy sees it then, not at the pin: a pinned chunk cannot be evicted, so the recency a
+  load gives it matters only from its unpin on, and a lookup, which pins, stays short).
 * ``prepare_store(keys) -> StoreHandle | StoreRefusal``: reserves a slot for each key that
   is absent (keys already ready or being written are skipped and reported), evicting ready,
   unpinned chunks if needed. The offered keys are protected: never evicted to make room for
@@ -197,6 +199,7 @@ class ChunkStore:
         with self.lock:
             _take(self._loads, handle, "load")
             self._unpin(handle.keys)
+            self.policy.on_access(handle.keys)
 
     def touch(self, keys: Iterable[ChunkKey]) -> int:
         """Count a use of each ready key (absent or writing keys are ignored); how many."""
@@ -320,9 +323,9 @@ class ChunkStore:
         return freed
 
     def _pin(self, keys: tuple[ChunkKey, ...]) -> None:
-        """ready -> pinned (or one pin more) for the load just added to ``_loads``; counts
-        as an access. The pins of a lone load are counted only when asked (``_pinned``): the
-        usual load is completed before anything asks."""
+        """ready -> pinned (or one pin more) for the load just added to ``_loads``. The
+        pins of a lone load are counted only when asked (``_pinned``): the usual load is
+        completed before anything asks."""
         pins = self._pins
         if len(self._loads) == 1:
             self._pins = None
@@ -331,7 +334,6 @@ class ChunkStore:
         else:
             for k in keys:
                 pins[k] = pins.get(k, 0) + 1
-        self.policy.on_access(keys)
 
     def _pinned(self) -> dict[ChunkKey, int]:
         """Live loads per pinned key, counted from the live load handles if not yet."""
