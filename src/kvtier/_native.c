@@ -9,6 +9,9 @@
  *                             has checked every address (kvtier.transfer.plan); the GIL is
  *                             released while the bytes move.
  *
+ *   prefixed(prefix, items)   [prefix + item for item in items], for a list of bytes: a
+ *                             group's keys from the spine's digests (kvtier.keys).
+ *
  *   sha256_start(seed)        A fresh SHA-256 state that has absorbed `seed`, as a bytearray.
  *   sha256_spine(state, data, filled, step)
  *                             Feeds `data` into `state` (updated in place), reading the
@@ -251,6 +254,36 @@ native_sha256_spine(PyObject *self, PyObject *args)
     return Py_BuildValue("(Nn)", digests, now);
 }
 
+static PyObject *
+native_prefixed(PyObject *self, PyObject *args)
+{
+    Py_buffer prefix;
+    PyObject *items;
+    if (!PyArg_ParseTuple(args, "y*O!:prefixed", &prefix, &PyList_Type, &items))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyBytes_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "prefixed: item %zd is not bytes", i);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_ssize_t size = PyBytes_GET_SIZE(item);
+        PyObject *joined = PyBytes_FromStringAndSize(NULL, prefix.len + size);
+        if (joined == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        memcpy(PyBytes_AS_STRING(joined), prefix.buf, (size_t)prefix.len);
+        memcpy(PyBytes_AS_STRING(joined) + prefix.len, PyBytes_AS_STRING(item), (size_t)size);
+        PyList_SET_ITEM(out, i, joined);
+    }
+    PyBuffer_Release(&prefix);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"copy", native_copy, METH_VARARGS,
      "copy(dst, src, lengths): batched memcpy over int64 address arrays (GIL released)."},
@@ -258,6 +291,8 @@ static PyMethodDef methods[] = {
      "sha256_start(seed) -> bytearray: a SHA-256 state that has absorbed seed."},
     {"sha256_spine", native_sha256_spine, METH_VARARGS,
      "sha256_spine(state, data, filled, step) -> (digests, filled)."},
+    {"prefixed", native_prefixed, METH_VARARGS,
+     "prefixed(prefix, items) -> [prefix + item for item in items] (items: a list of bytes)."},
     {NULL, NULL, 0, NULL},
 };
 

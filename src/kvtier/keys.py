@@ -302,15 +302,20 @@ class KeyChain:
         built = self._built[group_index]  # this group's keys from chunk 0, built once
         tag, per = self._tags[group_index], group.tokens_per_chunk // self._unit
         if len(built) < low:  # far past the built prefix (a window's last chunks): no cache
-            digests = self._spine[(low + 1) * per - 1 : (high + 1) * per : per]
-            keys = cast(list[ChunkKey], [tag + d for d in digests])  # NewType: no call
+            keys = _tagged(tag, self._spine[(low + 1) * per - 1 : (high + 1) * per : per])
             return keys if isinstance(chunks, range) else [keys[c - low] for c in chunks]
         if len(built) <= high:
-            digests = self._spine[(len(built) + 1) * per - 1 : (high + 1) * per : per]
-            built += cast(list[ChunkKey], [tag + d for d in digests])
+            built += _tagged(tag, self._spine[(len(built) + 1) * per - 1 : (high + 1) * per : per])
         if isinstance(chunks, range):  # the common case: one slice
             return built[low : high + 1]
         return [built[c] for c in chunks]
+
+
+def _tagged(tag: bytes, digests: list[bytes]) -> list[ChunkKey]:
+    """``[tag + d for d in digests]``: one group's keys (in C when kvtier._native is built)."""
+    if _native is not None:
+        return cast(list[ChunkKey], _native.prefixed(tag, digests))
+    return cast(list[ChunkKey], [tag + d for d in digests])  # NewType: no call
 
 
 def _token_bytes(tokens: Iterable[int]) -> bytes | memoryview:
