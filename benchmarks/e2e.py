@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import torch
 
-from kvtier.buildinfo import build
+from kvtier.buildinfo import describe
 from kvtier.engine import Engine, EngineConfig, GroupSpec
 from kvtier.integrations.engine import KvtierOffloader
 
@@ -174,8 +174,8 @@ def main() -> None:
                "decode_attached_over_detached": DECODE_TARGET}
     met = (figures["ttft_warm_over_cold"] <= TTFT_TARGET
            and figures["decode_attached_over_detached"] >= DECODE_TARGET)
-    print(f"build: {build()} (kvtier.buildinfo; README, \"Compiled build\")")
-    print(json.dumps({"benchmark": "e2e", "build": build(), "figures": figures,
+    print(f"build: {describe()} (kvtier.buildinfo; README, \"Compiled build\")")
+    print(json.dumps({"benchmark": "e2e", "build": describe(), "figures": figures,
                       "targets": targets, "met": met}))
 
 

@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvtier.buildinfo import build
+from kvtier.buildinfo import describe
 from kvtier.keys import ChunkKey
 from kvtier.store import ONLINE_POLICIES, Belady, ChunkState, ChunkStore, Policy, StoreHandle
 
@@ -223,8 +223,8 @@ def main() -> None:
                "applies_to": list(JUDGED)}
     print("met: " + ", ".join(f"{n} {'yes' if ok else 'no'}" for n, ok in met.items())
           + f" (judged on {', '.join(JUDGED)}; pfreq reported)")
-    print(f"build: {build()} (kvtier.buildinfo; README, \"Compiled build\")")
-    print(json.dumps({"benchmark": "store", "build": build(), "figures": figures,
+    print(f"build: {describe()} (kvtier.buildinfo; README, \"Compiled build\")")
+    print(json.dumps({"benchmark": "store", "build": describe(), "figures": figures,
                       "targets": targets, "met": all(met[n] for n in JUDGED),
                       "met_pfreq": met["pfreq"]}))
 

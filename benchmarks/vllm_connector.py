@@ -51,7 +51,7 @@ from typing import Any
 
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
-from kvtier.buildinfo import build
+from kvtier.buildinfo import describe
 from kvtier.integrations.vllm_sim import SimGroup, VllmSim
 
 CHUNK = 64
@@ -228,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                           for c, r in best.items() if c != "none"}
     met = {name: {cname: {target: _meets(f[name], f[base], target) for target in TARGETS}
                   for cname, f in figures.items()} for name, base in PAIRS.items()}
-    print(f"build: {build()} (kvtier.buildinfo; README, \"Compiled build\")")
-    print(json.dumps({"benchmark": "vllm_connector", "build": build(), "clock": args.clock,
+    print(f"build: {describe()} (kvtier.buildinfo; README, \"Compiled build\")")
+    print(json.dumps({"benchmark": "vllm_connector", "build": describe(), "clock": args.clock,
                       "figures": figures,
                       "targets": TARGETS,
                       "judged_on": "kvtier-end against native, prompts only (native's default"
