@@ -24,7 +24,9 @@ one contiguous range (streaming stores, both cores), which beats both. On CUDA `
 between the device and pinned host memory. Before every timed run a 128 MiB write evicts
 the last-level cache, so job and baseline both read cold memory. Jobs are timed from submit
 to ``wait`` returning (planning, queueing and the copies), baseline and jobs taking turns so
-that machine noise hits them alike; each takes its best of ``REPEAT`` runs.
+that machine noise hits them alike: each ratio is the median over ``REPEAT`` turns of the
+ratio within a turn (this machine's memory bandwidth drifts by tens of percent over
+seconds; a best-of would pick whichever run met a burst).
 
 Prints a table, then one JSON line. Target: store and load each reach 0.8 of the baseline
 for shuffled 256 KiB and 2 MiB chunks.
@@ -88,8 +90,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def best_of(runs: dict[str, Callable[[], object]], device: torch.device) -> dict[str, float]:
-    """Best time of each run, the runs taking turns so that noise hits them alike.
+def turns(runs: dict[str, Callable[[], object]], device: torch.device) -> dict[str, np.ndarray]:
+    """Each run's time in each of ``REPEAT`` turns, the runs taking turns so that noise hits
+    them alike.
 
     Before each run, writing a buffer larger than the last-level cache evicts what the
     previous run left there, so no run reads bytes another one just brought into cache.
@@ -104,7 +107,7 @@ def best_of(runs: dict[str, Callable[[], object]], device: torch.device) -> dict
             fn()
             sync(device)
             times[name].append(time.perf_counter() - start)
-    return {name: min(t) for name, t in times.items()}
+    return {name: np.array(t) for name, t in times.items()}
 
 
 class Rotating:
@@ -194,19 +197,23 @@ def measure(geo: Geometry, order: str, total: int, device: torch.device) -> dict
     runs["store"] = lambda: engine.wait(engine.submit_store(copies))
     runs["load"] = lambda: engine.wait(engine.submit_load(copies))
     with engine:
-        t = best_of(runs, device)
-    base_store = min(t["copy_store"], t.get("np_store", math.inf))
-    base_load = min(t["copy_load"], t.get("np_load", math.inf))
+        t = turns(runs, device)
+    # per turn: the faster baseline, and the job run right after it; the figures are the
+    # medians over turns (ratios of the same turn: a burst or a stall of the machine's memory
+    # bandwidth moves both)
+    base_store = np.minimum(t["copy_store"], t.get("np_store", math.inf))
+    base_load = np.minimum(t["copy_load"], t.get("np_load", math.inf))
     store, load = t["store"], t["load"]
+    med = np.median
     out = {
-        "store_ratio": base_store / store, "load_ratio": base_load / load,
-        "store_gbps": total / store / 1e9, "load_gbps": total / load / 1e9,
-        "copy_gbps": total / base_store / 1e9,
+        "store_ratio": float(med(base_store / store)), "load_ratio": float(med(base_load / load)),
+        "store_gbps": total / float(med(store)) / 1e9, "load_gbps": total / float(med(load)) / 1e9,
+        "copy_gbps": total / float(med(base_store)) / 1e9,
     }
     if "nat_store" in t:
-        out.update({"store_ratio_stream": t["nat_store"] / store,
-                    "load_ratio_stream": t["nat_load"] / load,
-                    "stream_gbps": total / t["nat_store"] / 1e9})
+        out.update({"store_ratio_stream": float(med(t["nat_store"] / store)),
+                    "load_ratio_stream": float(med(t["nat_load"] / load)),
+                    "stream_gbps": total / float(med(t["nat_store"])) / 1e9})
     return out
 
 
