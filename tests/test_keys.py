@@ -81,6 +81,21 @@ def test_keys_are_deterministic_across_processes():
     assert key == chain(list(range(40)), layout, ns).key(0, 1)
 
 
+def test_blake2b_keys_follow_the_same_scheme():
+    """The same check with blake2b (32-byte digests), which never takes the compiled
+    build's sha256 loop: its keys are blake2b's, prompt-sized appends or decoding-sized."""
+    ns = Namespace("test-model", hash_name="blake2b")
+    layout = Layout((Group("full", 16),))
+    tokens = np.arange(5000, dtype=np.uint32)
+    c = chain(tokens[:3000], layout, ns)
+    for i in range(3000, 5000, 7):
+        c.extend(tokens[i : i + 7].tolist())
+    data = tokens.astype("<u4").tobytes()
+    for chunk in (0, 1, 187, 311):
+        want = hashlib.blake2b(ns.seed() + data[: (chunk + 1) * 64], digest_size=32).digest()
+        assert c.key(0, chunk) == ns.group_tag(layout, 0) + want
+
+
 @settings(max_examples=200)
 @given(st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=200),
        st.lists(st.integers(1, 50), min_size=1, max_size=8))

@@ -77,6 +77,9 @@ def test_bad_spine_arguments_are_clear_errors() -> None:
     state = _native.sha256_start(b"")
     with pytest.raises(ValueError, match="state must come from sha256_start"):
         _native.sha256_spine(bytearray(7), b"abc", 0, 4)
+    forged = bytearray(b"\xff" * len(state))  # a buffered-byte count OpenSSL would trust
+    with pytest.raises(ValueError, match="state must come from sha256_start"):
+        _native.sha256_spine(forged, b"x" * 100, 0, 1000)
     with pytest.raises(ValueError, match="0 <= filled < step"):
         _native.sha256_spine(state, b"abc", 4, 4)
     with pytest.raises(ValueError, match="0 <= filled < step"):
@@ -115,4 +118,6 @@ def test_bad_copy_arguments_are_clear_errors() -> None:
         _native.copy(np.zeros(1, np.int32), one, one)
     with pytest.raises(ValueError, match="8-byte integers"):
         _native.copy(np.zeros((1, 1), np.int64), one, one)
+    with pytest.raises(ValueError, match="8-byte integers"):  # 8 bytes, but not addresses
+        _native.copy(np.zeros(1), one, np.ones(1, np.int64))
     _native.copy(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))

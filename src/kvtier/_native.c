@@ -112,9 +112,14 @@ int64_buffer(PyObject *obj, Py_buffer *view, const char *name)
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return -1;
-    if (view->itemsize != 8 || view->ndim != 1) {
-        PyErr_Format(PyExc_ValueError, "copy: %s must be a 1-D buffer of 8-byte integers",
-                     name);
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++; /* native order (these copies only run on little-endian x86 and ARM) */
+    int integer = f[1] == '\0' && strchr("qQlL", f[0]) != NULL;
+    if (view->itemsize != 8 || view->ndim != 1 || !integer) {
+        PyErr_Format(PyExc_ValueError, "copy: %s must be a 1-D buffer of 8-byte integers "
+                     "(numpy int64), got format '%s' with %zd-byte items", name,
+                     view->format ? view->format : "B", view->itemsize);
         PyBuffer_Release(view);
         return -1;
     }
@@ -182,6 +187,19 @@ native_sha256_start(PyObject *self, PyObject *args)
     return PyByteArray_FromStringAndSize((const char *)&ctx, sizeof ctx);
 }
 
+/* A bytearray of a SHA-256 state's size whose buffered-byte count and digest length are
+ * what sha256_start and SHA256_Update leave: OpenSSL trusts both, and a forged count would
+ * make its next update write past the state. */
+static int
+valid_state(PyObject *obj)
+{
+    if (!PyByteArray_Check(obj) || PyByteArray_GET_SIZE(obj) != (Py_ssize_t)sizeof(SHA256_CTX))
+        return 0;
+    SHA256_CTX ctx;
+    memcpy(&ctx, PyByteArray_AS_STRING(obj), sizeof ctx);
+    return ctx.num < SHA256_CBLOCK && ctx.md_len == SHA256_DIGEST_LENGTH;
+}
+
 static PyObject *
 native_sha256_spine(PyObject *self, PyObject *args)
 {
@@ -190,8 +208,7 @@ native_sha256_spine(PyObject *self, PyObject *args)
     Py_ssize_t filled, step;
     if (!PyArg_ParseTuple(args, "Oy*nn:sha256_spine", &state_obj, &data, &filled, &step))
         return NULL;
-    if (!PyByteArray_Check(state_obj) ||
-            PyByteArray_GET_SIZE(state_obj) != (Py_ssize_t)sizeof(SHA256_CTX)) {
+    if (!valid_state(state_obj)) {
         PyBuffer_Release(&data);
         PyErr_SetString(PyExc_ValueError, "sha256_spine: state must come from sha256_start");
         return NULL;

@@ -226,7 +226,7 @@ class Planner:
             job = TransferJob(next(self._ids), request_id, "load", tuple(copies))
             hit.job_id = job.id
             self._jobs[job.id] = (job, hit.handle)
-            self._loading.update(c.key for c in copies)  # pinning at lookup was the access
+            self._loading.update(c.key for c in copies)  # complete_load counts the access
             return job
 
     def decline_hit(self, request_id: str) -> None:

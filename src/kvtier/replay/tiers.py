@@ -133,8 +133,9 @@ class MetadataTiers(ChunkStore):
         return True
 
     def hold(self, keys: list[ChunkKey]) -> LoadHandle | None:
-        """Pin the host-resident ``keys`` (an access, and safe from eviction) and refresh
-        the disk-resident ones there, without promoting; release with ``complete_load``."""
+        """Pin the host-resident ``keys`` (safe from eviction; ``complete_load`` releases
+        them and counts the access) and refresh the disk-resident ones there, without
+        promoting."""
         where = self.locate(keys)
         if self.disk is not None:
             self.disk.touch([k for k, w in zip(keys, where, strict=True) if w == DISK])

@@ -7,7 +7,7 @@ a batch of keys at a time (one request's keys, in request order):
 * ``on_insert(keys)``: the keys became readable (a store completed); the manager calls
   ``on_insert_with_parents(keys, parents)``, which prefix-aware policies override and the
   others inherit (it calls ``on_insert``), with the parents its caller gave, if any;
-* ``on_access(keys)``: the keys were used (a load was prepared, or ``touch``);
+* ``on_access(keys)``: the keys were used (a load completed or was released, or ``touch``);
 * ``on_remove(keys)``: the keys were removed on request (not evicted; no history kept);
 
 and asks it ``victims(n, protected)``: exactly ``n`` resident keys, none in ``protected``,

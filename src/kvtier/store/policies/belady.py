@@ -6,7 +6,7 @@ with the whole access sequence, one key per access, in the order the accesses ha
     policy = Belady(capacity, future=[k0, k1, k2, ...])
 
 It advances by counting uses: the ``i``-th use of a key (an ``on_insert`` after a miss, or
-an ``on_access`` on a hit, i.e. ``prepare_load`` or ``touch``) is taken to be that key's
+an ``on_access`` on a hit, i.e. ``complete_load`` or ``touch``) is taken to be that key's
 ``i``-th occurrence in ``future``, so its next use is its ``(i + 1)``-th occurrence (never,
 past the last). Within one request the store may report hits before misses; counting per
 key makes that order irrelevant. An access the store never reports (a miss that was not
