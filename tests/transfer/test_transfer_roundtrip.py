@@ -256,50 +256,27 @@ def test_runs_of_consecutive_blocks_move_like_scattered_blocks(
 
 @pytest.mark.parametrize("runs", [False, True], ids=["shuffled", "runs"])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_a_load_split_over_threads_restores_every_block(threads: int, runs: bool) -> None:
-    """48 chunks of 64 KiB (3 MiB) into one slab: a load over 3 threads splits by slot."""
-    gen = torch.Generator().manual_seed(9)
+@pytest.mark.parametrize(("axis", "first"), [(0, 0), (1, 1)], ids=["axis0-whole", "axis1-partial"])
+def test_jobs_split_over_threads_move_exactly_their_blocks(
+        axis: int, first: int, threads: int, runs: bool) -> None:
+    """48 copies of 64 KiB chunks (3 MiB) in one slab, over 3 threads (split by slot): every
+    slot holds exactly its blocks (oracle), and a load into cleared KV restores every
+    block. ``axis1-partial``: K and V pieces, and copies of chunk blocks 1..3 of 4."""
+    gen = torch.Generator().manual_seed(9 + axis)
     layout = Layout((Group("full", 16, 4),))
-    kv = random_group(2, 0, num_blocks=200, tokens=16, dtype=torch.bfloat16, gen=gen,
+    kv = random_group(2, axis, num_blocks=200, tokens=16, dtype=torch.bfloat16, gen=gen,
                       heads=8, dim=16)
     original = snapshot(kv)
+    per = 4 - first  # engine blocks per copy
     if runs:
-        starts = (torch.randperm(50, generator=gen)[:48] * 4).tolist()
-        tables = [[s + k for k in range(4)] for s in starts]
+        starts = (torch.randperm(200 // per, generator=gen)[:48] * per).tolist()
+        tables = [[s + k for k in range(per)] for s in starts]
     else:
-        tables = torch.randperm(200, generator=gen)[:192].view(48, 4).tolist()
+        tables = torch.randperm(200, generator=gen)[: 48 * per].view(48, per).tolist()
     with engine_for(layout, [kv], load_threads=threads) as engine:
         assert engine.chunk_bytes(0) == 64 << 10
         slab = make_slots(engine, 48)
-        copies = [ChunkCopy(0, slab[i], ids) for i, ids in enumerate(tables)]
-        assert engine.wait(engine.submit_store(copies)).ok
-        for t in kv.layers:
-            t.zero_()
-        assert engine.wait(engine.submit_load(copies)).ok
-    moved = [b for ids in tables for b in ids]
-    for now, before in zip(kv.layers, original, strict=True):
-        assert blocks_equal(now, before, 0, moved, moved)
-
-
-@pytest.mark.parametrize("runs", [False, True], ids=["shuffled", "runs"])
-def test_partial_two_piece_chunks_split_over_threads_move_exactly_their_blocks(runs: bool) -> None:
-    """Block axis 1 (K and V pieces), copies of chunk blocks 1..3 of 4, 48 copies of 64 KiB
-    chunks over 3 threads: every slot holds exactly its blocks (oracle), and a load back
-    into cleared KV restores every block."""
-    gen = torch.Generator().manual_seed(11)
-    layout = Layout((Group("full", 16, 4),))
-    kv = random_group(2, 1, num_blocks=200, tokens=16, dtype=torch.float16, gen=gen,
-                      heads=8, dim=16)
-    original = snapshot(kv)
-    if runs:
-        starts = (torch.randperm(66, generator=gen)[:48] * 3).tolist()
-        tables = [[s + k for k in range(3)] for s in starts]
-    else:
-        tables = torch.randperm(200, generator=gen)[:144].view(48, 3).tolist()
-    with engine_for(layout, [kv], load_threads=3) as engine:
-        assert engine.chunk_bytes(0) == 64 << 10
-        slab = make_slots(engine, 48)
-        copies = [ChunkCopy(0, slab[i], ids, first_block=1) for i, ids in enumerate(tables)]
+        copies = [ChunkCopy(0, slab[i], ids, first) for i, ids in enumerate(tables)]
         assert engine.wait(engine.submit_store(copies)).ok
         for slot, copy in zip(slab, copies, strict=True):
             assert torch.equal(slot[: engine.chunk_bytes(0)], expected_slot(kv, 4, copy, FILL))
@@ -308,4 +285,4 @@ def test_partial_two_piece_chunks_split_over_threads_move_exactly_their_blocks(r
         assert engine.wait(engine.submit_load(copies)).ok
     moved = [b for ids in tables for b in ids]
     for now, before in zip(kv.layers, original, strict=True):
-        assert blocks_equal(now, before, 1, moved, moved)
+        assert blocks_equal(now, before, axis, moved, moved)
