@@ -287,37 +287,52 @@ def _gather(batch: Batch, staged: torch.Tensor) -> None:
         torch.index_select(rows, 0, ids, out=dst)
 
 
-class CpuScatter:
-    """CPU loads: one numpy assignment per layer piece moves every block position at memcpy
-    speed (``index_copy_`` moves one word per element), the batch's slots split into up to
-    ``threads`` parts that run at once (numpy lets go of the GIL while it copies), as
-    ``index_select`` spreads a store over torch's intra-op threads.
+class SlotSplit:
+    """Runs ``part(lo, hi)`` over a batch's slots ``0..n-1`` split into up to ``threads``
+    parts at once: the last part in the calling thread, the others on helper threads (the
+    copies inside let go of the GIL). Parts are at least ``MIN_PART_BYTES`` of chunks.
 
     The helper threads start with the first split batch, not here; :meth:`close` ends them.
     Example: 256 slots of 256 KiB and 2 threads: slots 0..127 on a helper, 128..255 here.
     """
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, name: str) -> None:
         self._threads = max(1, threads)
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max(1, self._threads - 1), thread_name_prefix="kvtier-load")
+            max(1, self._threads - 1), thread_name_prefix=name)
 
-    def __call__(self, batch: Batch, staged: torch.Tensor) -> None:
-        moves = list(planes(batch, staged))  # a load writes each block once (checked at submit)
-        n = int(staged.shape[0])
-        parts = max(1, min(self._threads, n, n * batch.view.chunk_bytes // MIN_PART_BYTES))
+    def run(self, n: int, chunk_bytes: int, part: Callable[[int, int], object]) -> None:
+        parts = max(1, min(self._threads, n, n * chunk_bytes // MIN_PART_BYTES))
         edges = [n * k // parts for k in range(parts + 1)]
-        helpers = [self._pool.submit(_assign, moves, edges[k], edges[k + 1])
-                   for k in range(parts - 1)]
+        helpers = [self._pool.submit(part, edges[k], edges[k + 1]) for k in range(parts - 1)]
         try:
-            _assign(moves, edges[-2], edges[-1])
-        finally:  # never report a job done while a helper still writes its blocks
+            part(edges[-2], edges[-1])
+        finally:  # never report a job done while a helper still writes
             concurrent.futures.wait(helpers)
         for helper in helpers:
             helper.result()  # raises what the helper raised
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+class CpuScatter:
+    """CPU loads: one numpy assignment per layer piece moves every block position at memcpy
+    speed (``index_copy_`` moves one word per element), the batch's slots split over
+    threads (:class:`SlotSplit`; numpy lets go of the GIL while it copies), as
+    ``index_select`` spreads a store over torch's intra-op threads.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self._split = SlotSplit(threads, "kvtier-load")
+
+    def __call__(self, batch: Batch, staged: torch.Tensor) -> None:
+        moves = list(planes(batch, staged))  # a load writes each block once (checked at submit)
+        self._split.run(int(staged.shape[0]), batch.view.chunk_bytes,
+                        lambda lo, hi: _assign(moves, lo, hi))
+
+    def close(self) -> None:
+        self._split.close()
 
 
 def _assign(moves: list[tuple[np.ndarray, ...]], lo: int, hi: int) -> None:
@@ -362,35 +377,26 @@ def addresses(batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 class NativeCopies:
     """CPU stores and loads in the compiled build: the batch's byte ranges
     (:func:`addresses`) move by ``kvtier._native.copy``, one memcpy each, without the GIL,
-    split by copy over up to ``threads`` threads. Straight between the KV tensors and each
-    slot, wherever the slots are: no staging, and no pass per block position (a torch
+    split by slot over threads (:class:`SlotSplit`). Straight between the KV tensors and
+    each slot, wherever the slots are: no staging, and no pass per block position (a torch
     ``index_select`` into strided slot columns ran at half a contiguous copy's speed).
-
-    Example: 256 copies of 256 KiB and 2 threads: copies 0..127 on a helper, 128..255 here.
     """
 
     def __init__(self, threads: int) -> None:
-        self._threads = max(1, threads)
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max(1, self._threads - 1), thread_name_prefix="kvtier-copy")
+        self._split = SlotSplit(threads, "kvtier-copy")
 
     def __call__(self, batch: Batch, direction: str) -> None:
+        assert _native is not None
+        copy = _native.copy
         kv, slot, lengths = addresses(batch)
         dst, src = (slot, kv) if direction == "store" else (kv, slot)
         n = len(batch.copies)
-        per = len(lengths) // n  # entries per copy
-        parts = max(1, min(self._threads, n, n * batch.view.chunk_bytes // MIN_PART_BYTES))
-        edges = [n * k // parts * per for k in range(parts + 1)]
-        assert _native is not None
-        helpers = [self._pool.submit(_native.copy, dst[edges[k]:edges[k + 1]],
-                                     src[edges[k]:edges[k + 1]], lengths[edges[k]:edges[k + 1]])
-                   for k in range(parts - 1)]
-        try:
-            _native.copy(dst[edges[-2]:], src[edges[-2]:], lengths[edges[-2]:])
-        finally:  # never report a job done while a helper still copies
-            concurrent.futures.wait(helpers)
-        for helper in helpers:
-            helper.result()
+        per = len(lengths) // n  # entries per copy, the same for every copy of a batch
+
+        def part(lo: int, hi: int) -> None:
+            copy(dst[lo * per : hi * per], src[lo * per : hi * per], lengths[lo * per : hi * per])
+
+        self._split.run(n, batch.view.chunk_bytes, part)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._split.close()
