@@ -6,8 +6,10 @@ run has it (tests/test_buildinfo.py fails there if it is missing).
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -122,3 +124,47 @@ def test_bad_copy_arguments_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="8-byte integers"):  # 8 bytes, but not addresses
         _native.copy(np.zeros(1), one, np.ones(1, np.int64))
     _native.copy(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+@pytest.mark.parametrize("grain", [1, 3, 64, 1000])
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_threads_sharing_a_cursor_copy_every_range_once(threads: int, grain: int) -> None:
+    """200 ranges of random lengths, shared out ``grain`` at a time: the result is what one
+    plain copy gives, and the cursor ends past the last range."""
+    rng = np.random.default_rng(threads * 1000 + grain)
+    lengths = rng.integers(0, 3000, 200).astype(np.int64)
+    src = rng.integers(0, 256, int(lengths.sum()), dtype=np.uint8)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    order = rng.permutation(200)  # each range lands somewhere else in dst
+    dst_starts = np.concatenate(([0], np.cumsum(lengths[order])[:-1]))[np.argsort(order)]
+    want, got = np.zeros_like(src), np.zeros_like(src)
+    s = int(src.ctypes.data) + starts
+    _native.copy(int(want.ctypes.data) + dst_starts, s, lengths)
+    cursor = np.zeros(1, np.int64)
+    d = int(got.ctypes.data) + dst_starts
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for f in [pool.submit(_native.copy, d, s, lengths, cursor, grain) for _ in range(threads)]:
+            f.result()
+    np.testing.assert_array_equal(got, want)
+    claims = -(-200 // grain) + threads  # every range's claim, then each thread's last try
+    assert int(cursor[0]) == claims * grain
+
+
+def test_bad_cursor_arguments_are_clear_errors() -> None:
+    one = np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match="cursor must be one aligned, writable int64"):
+        _native.copy(one, one, one, np.zeros(2, np.int64), 1)
+    with pytest.raises(ValueError, match="cursor must be one aligned, writable int64"):
+        _native.copy(one, one, one, np.zeros(8, np.uint8)[1:], 1)  # too short
+    with pytest.raises(BufferError):  # read-only
+        _native.copy(one, one, one, bytes(8), 1)
+    with pytest.raises(ValueError, match="grain must be at least 1, got 0"):
+        _native.copy(one, one, one, np.zeros(1, np.int64), 0)
+
+
+def test_cpu_is_one_this_thread_may_run_on() -> None:
+    cpu = _native.cpu()
+    if hasattr(os, "sched_getaffinity"):
+        assert cpu in os.sched_getaffinity(0)
+    else:
+        assert cpu >= -1

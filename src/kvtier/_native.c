@@ -3,11 +3,19 @@
  * Built only in the compiled build (KVTIER_COMPILE=1, see setup.py); every caller falls back
  * to its pure-Python path when this module is missing, and both paths give the same bytes.
  *
- *   copy(dst, src, lengths)   Batched memcpy: entry i copies lengths[i] bytes from address
+ *   copy(dst, src, lengths[, cursor, grain])
+ *                             Batched memcpy: entry i copies lengths[i] bytes from address
  *                             src[i] to address dst[i]. The three arguments are contiguous
  *                             buffers of 8-byte integers (numpy int64 arrays). The caller
  *                             has checked every address (kvtier.transfer.plan); the GIL is
- *                             released while the bytes move.
+ *                             released while the bytes move. With `cursor` (a writable
+ *                             one-element int64 array, zero at first) several threads share
+ *                             one copy: each calls copy with the same arrays and cursor, and
+ *                             takes the next `grain` entries at a time until none are left,
+ *                             so a thread that starts late takes fewer, never delays the rest.
+ *
+ *   cpu()                     The CPU the calling thread runs on (sched_getcpu), or -1
+ *                             where the system cannot say.
  *
  *   prefixed(prefix, items)   [prefix + item for item in items], for a list of bytes: a
  *                             group's keys from the spine's digests (kvtier.keys).
@@ -28,6 +36,7 @@
 #define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_Init & co: the copyable state we need */
 #include <Python.h>
 #include <openssl/sha.h>
+#include <sched.h> /* sched_getcpu: Python.h defines _GNU_SOURCE */
 #include <stdint.h>
 #include <string.h>
 #if defined(__SSE2__)
@@ -70,7 +79,7 @@ ahead_step(Ahead *a, int64_t by)
  * traffic wasted. Streaming stores write the lines without reading them. */
 static void
 copy_ranges(const int64_t *dst_at, const int64_t *src_at, const int64_t *len, Py_ssize_t n)
-{
+{ /* the caller fences (_mm_sfence) once its last range is copied */
     Ahead ahead = {src_at, len, n, 0, 0};
     for (int64_t k = 0; k < PREFETCH_BYTES; k += 64)
         ahead_step(&ahead, 64);
@@ -101,6 +110,23 @@ copy_ranges(const int64_t *dst_at, const int64_t *src_at, const int64_t *len, Py
 #endif
         memcpy(dst, src, left);
         ahead_step(&ahead, (int64_t)left);
+    }
+}
+
+/* Entries [0, n), `grain` at a time from the shared `cursor` when there is one. */
+static void
+copy_claimed(const int64_t *dst, const int64_t *src, const int64_t *len, Py_ssize_t n,
+             int64_t *cursor, Py_ssize_t grain)
+{
+    if (cursor == NULL) {
+        copy_ranges(dst, src, len, n);
+    }
+    else {
+        int64_t at;
+        while ((at = __atomic_fetch_add(cursor, (int64_t)grain, __ATOMIC_RELAXED)) < n) {
+            Py_ssize_t count = n - at < grain ? (Py_ssize_t)(n - at) : grain;
+            copy_ranges(dst + at, src + at, len + at, count);
+        }
     }
 #if defined(__SSE2__)
     _mm_sfence(); /* the streamed lines are visible before the job is reported done */
@@ -138,20 +164,36 @@ negative(const int64_t *len, Py_ssize_t n)
 static PyObject *
 native_copy(PyObject *self, PyObject *args)
 {
-    PyObject *dst_obj, *src_obj, *len_obj;
-    Py_buffer dst, src, len;
-    if (!PyArg_ParseTuple(args, "OOO:copy", &dst_obj, &src_obj, &len_obj))
+    PyObject *dst_obj, *src_obj, *len_obj, *cursor_obj = Py_None;
+    Py_ssize_t grain = 1;
+    Py_buffer dst, src, len, cursor = {0};
+    if (!PyArg_ParseTuple(args, "OOO|On:copy", &dst_obj, &src_obj, &len_obj, &cursor_obj,
+                          &grain))
         return NULL;
+    if (grain < 1) {
+        PyErr_Format(PyExc_ValueError, "copy: grain must be at least 1, got %zd", grain);
+        return NULL;
+    }
+    if (cursor_obj != Py_None) {
+        if (PyObject_GetBuffer(cursor_obj, &cursor, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+            return NULL;
+        if (cursor.len != 8 || (uintptr_t)cursor.buf % 8) {
+            PyErr_SetString(PyExc_ValueError, "copy: cursor must be one aligned, writable "
+                            "int64 (np.zeros(1, np.int64))");
+            PyBuffer_Release(&cursor);
+            return NULL;
+        }
+    }
     if (int64_buffer(dst_obj, &dst, "dst") < 0)
-        return NULL;
+        goto cursor_out;
     if (int64_buffer(src_obj, &src, "src") < 0) {
         PyBuffer_Release(&dst);
-        return NULL;
+        goto cursor_out;
     }
     if (int64_buffer(len_obj, &len, "lengths") < 0) {
         PyBuffer_Release(&dst);
         PyBuffer_Release(&src);
-        return NULL;
+        goto cursor_out;
     }
     Py_ssize_t n = dst.len / 8;
     if (src.len / 8 != n || len.len / 8 != n) {
@@ -162,16 +204,29 @@ native_copy(PyObject *self, PyObject *args)
     }
     else {
         Py_BEGIN_ALLOW_THREADS
-        copy_ranges((const int64_t *)dst.buf, (const int64_t *)src.buf,
-                    (const int64_t *)len.buf, n);
+        copy_claimed((const int64_t *)dst.buf, (const int64_t *)src.buf,
+                     (const int64_t *)len.buf, n, (int64_t *)cursor.buf, grain);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&dst);
     PyBuffer_Release(&src);
     PyBuffer_Release(&len);
+cursor_out:
+    if (cursor.obj != NULL)
+        PyBuffer_Release(&cursor);
     if (PyErr_Occurred())
         return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *
+native_cpu(PyObject *self, PyObject *unused)
+{
+#if defined(__linux__)
+    return PyLong_FromLong(sched_getcpu());
+#else
+    return PyLong_FromLong(-1);
+#endif
 }
 
 static PyObject *
@@ -303,7 +358,10 @@ native_prefixed(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"copy", native_copy, METH_VARARGS,
-     "copy(dst, src, lengths): batched memcpy over int64 address arrays (GIL released)."},
+     "copy(dst, src, lengths[, cursor, grain]): batched memcpy over int64 address arrays "
+     "(GIL released); threads sharing `cursor` take `grain` entries at a time."},
+    {"cpu", native_cpu, METH_NOARGS,
+     "cpu() -> int: the CPU the calling thread runs on, or -1 where unknown."},
     {"sha256_start", native_sha256_start, METH_VARARGS,
      "sha256_start(seed) -> bytearray: a SHA-256 state that has absorbed seed."},
     {"sha256_spine", native_sha256_spine, METH_VARARGS,
