@@ -35,6 +35,16 @@ def test_views_are_zero_copy_and_disjoint() -> None:
     assert slab.view(2)[:3].tobytes() == b"xyz" and slab.read(2, 3) == b"xyz"
 
 
+def test_rows_are_every_slot_at_once_without_a_copy() -> None:
+    slab = HostSlab(3, 16, pin_memory=False)
+    rows = slab.rows()
+    assert rows.shape == (3, 16) and rows.dtype == np.uint8 and rows.flags.writeable
+    rows[1, :4] = 7
+    slab.write(2, b"ab")
+    assert slab.read(1, 5) == bytes([7, 7, 7, 7, 0]) and bytes(rows[2, :2]) == b"ab"
+    assert slab.read(0) == bytes(16)
+
+
 def test_tensor_view_shares_memory() -> None:
     torch = pytest.importorskip("torch")
     slab = HostSlab(2, 8, pin_memory=False)

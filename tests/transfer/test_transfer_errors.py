@@ -99,6 +99,7 @@ BAD_COPIES: dict[str, tuple[Callable[[], list[ChunkCopy]], str]] = {
     "strided slot": (lambda: [ChunkCopy(0, SLAB[:, 0], (1,))], "1-D contiguous uint8"),
     "read-only numpy": (lambda: [ChunkCopy(0, _read_only(), (1,))], "read-only"),
     "list slot": (lambda: [ChunkCopy(0, [0] * 1024, (1,))], "torch tensor or numpy"),  # type: ignore[arg-type]
+    "row index, no slab": (lambda: [ChunkCopy(0, 3, (1,))], "no slab is registered"),
 }
 
 
@@ -148,3 +149,70 @@ def test_copy_for_run_checks_the_block_table(engine: TransferEngine) -> None:
         engine.copy_for_run(0, SLAB[0], BlockRun(1, 0, 2), [0, 1, 2])
     with pytest.raises(ValueError, match="holds only its last block"):
         engine.copy_for_run(1, SLAB[0], BlockRun(0, 0, 1), [0, 1, 2])
+
+
+ROWS = allocate_slab(4, 1024, "cpu")
+
+
+@pytest.fixture
+def slab_engine() -> Iterator[TransferEngine]:
+    with TransferEngine(LAYOUT, good_kv(), slab=ROWS) as eng:
+        yield eng
+
+
+@pytest.mark.parametrize("direction", ["store", "load"])
+@pytest.mark.parametrize(("slots", "bad"), [([0, 4], "4"), ([-1], "-1"), ([1, SLAB[0], 9], "9")],
+                         ids=["past-the-end", "negative", "mixed-with-a-buffer"])
+def test_a_row_index_outside_the_registered_slab_is_refused(
+        slab_engine: TransferEngine, direction: str, slots: list, bad: str) -> None:
+    submit = slab_engine.submit_store if direction == "store" else slab_engine.submit_load
+    copies = [ChunkCopy(0, s, (i,)) for i, s in enumerate(slots)]
+    with pytest.raises(ValueError, match=rf"slot {bad} is not a row of the registered slab "
+                                         r"\(it has 4 rows\)"):
+        submit(copies)
+    assert slab_engine.poll() == []
+
+
+def test_a_store_cannot_write_one_slab_row_twice(slab_engine: TransferEngine) -> None:
+    with pytest.raises(ValueError, match="copies 0 and 2 write overlapping slot bytes"):
+        slab_engine.submit_store([ChunkCopy(0, 1, (1, 2)), ChunkCopy(0, 2, (4,)),
+                                  ChunkCopy(0, np.int64(1), (3,))])
+    with pytest.raises(ValueError, match="copies 0 and 1 write overlapping slot bytes"):
+        slab_engine.submit_store([ChunkCopy(0, 1, (1, 2)), ChunkCopy(0, ROWS[1], (3,))])
+    assert slab_engine.wait(slab_engine.submit_store([
+        ChunkCopy(0, 1, (1,)), ChunkCopy(0, 1, (3,), first_block=1)])).ok
+
+
+def test_a_slot_index_is_an_integer_not_a_bool() -> None:
+    with pytest.raises(ValueError, match="slot must be a buffer or a slab row index, got a bool"):
+        ChunkCopy(0, np.bool_(True), (1,))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="got a bool"):
+        ChunkCopy(0, False, (1,))
+    assert ChunkCopy(0, np.int32(3), (1,)).slot == 3
+    assert type(ChunkCopy(0, np.int64(3), (1,)).slot) is int
+
+
+def _read_only_rows() -> np.ndarray:
+    a = np.zeros((4, 1024), dtype=np.uint8)
+    a.flags.writeable = False
+    return a
+
+
+BAD_SLABS: dict[str, tuple[Callable[[], object], str]] = {
+    "1-D": (lambda: torch.zeros(4096, dtype=torch.uint8), "2-D contiguous uint8"),
+    "not uint8": (lambda: torch.zeros((4, 1024), dtype=torch.int32), "2-D contiguous uint8"),
+    "strided rows": (lambda: torch.zeros((1024, 4), dtype=torch.uint8).T, "2-D contiguous uint8"),
+    "rows too short": (lambda: allocate_slab(4, 1000, "cpu"), "rows of 1000 bytes cannot hold "
+                       r"the largest chunk \(1024 bytes\)"),
+    "no rows": (lambda: torch.zeros((0, 1024), dtype=torch.uint8), "cannot hold"),
+    "read-only numpy": (_read_only_rows, "read-only"),
+    "numpy of floats": (lambda: np.zeros((4, 1024)), "must be uint8, got float64"),
+    "a list": (lambda: [[0] * 1024] * 4, "torch tensor or numpy array, got list"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SLABS))
+def test_a_bad_slab_is_refused_at_registration(case: str) -> None:
+    build, message = BAD_SLABS[case]
+    with pytest.raises(ValueError, match=message):
+        TransferEngine(LAYOUT, good_kv(), slab=build())  # type: ignore[arg-type]

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 
 import pytest
 import torch
-from transfer_helpers import random_group, same_bytes, snapshot
+from transfer_helpers import expected_slot, random_group, same_bytes, snapshot
 
 from kvtier.layout import Group, Layout
 from kvtier.transfer import ChunkCopy, GroupKV, JobResult, TransferEngine, allocate_slab
+from kvtier.transfer.mover import Apart
 
 LAYOUT = Layout((Group("full", tokens_per_block=2, blocks_per_chunk=2),))
 
@@ -175,3 +177,62 @@ def test_an_empty_job_is_a_fence_for_its_direction(kv: GroupKV, slab: torch.Tens
             engine.wait(fence, timeout=0.01)
         gate.opened.set()
         assert engine.wait(fence).ok and engine.wait(blocked).ok
+
+
+needs_two_cpus = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs thread affinity (Linux) and two CPUs")
+
+
+@needs_two_cpus
+def test_apart_keeps_enlisted_threads_off_one_cpu_only_while_it_holds() -> None:
+    allowed = os.sched_getaffinity(0)
+    cpu = min(allowed)
+    apart = Apart()
+    seen: list[set[int]] = []
+    steps = [threading.Event() for _ in range(3)]
+
+    def helper() -> None:
+        apart.enlist()
+        steps[0].set()
+        for step in steps[1:]:  # read its own mask inside the block, then after it
+            assert step.wait(timeout=30)
+            step.clear()
+            seen.append(os.sched_getaffinity(0))
+            steps[0].set()
+
+    thread = threading.Thread(target=helper)
+    thread.start()
+    assert steps[0].wait(timeout=30)
+    steps[0].clear()
+    with apart(cpu):
+        steps[1].set()
+        assert steps[0].wait(timeout=30)
+        steps[0].clear()
+    steps[2].set()
+    thread.join(timeout=30)
+    assert seen == [allowed - {cpu}, allowed]
+    with apart(-1):  # an unknown CPU moves nobody
+        assert os.sched_getaffinity(0) == allowed
+
+
+@needs_two_cpus
+def test_copy_helpers_may_run_anywhere_again_after_a_job(copy_path: str) -> None:
+    if copy_path != "native":
+        pytest.skip("only the native copies use helpers kept apart")
+    gen = torch.Generator().manual_seed(12)
+    kv = random_group(2, 0, num_blocks=192, tokens=16, dtype=torch.bfloat16, gen=gen,
+                      heads=8, dim=16)
+    layout = Layout((Group("full", 16, 4),))
+    rows = allocate_slab(48, 64 << 10, "cpu")
+    with TransferEngine(layout, [kv], load_threads=2, slab=rows) as engine:
+        copies = [ChunkCopy(0, i, (4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3)) for i in range(48)]
+        for _ in range(3):  # the first job starts the helper; later ones keep it apart
+            assert engine.wait(engine.submit_store(copies)).ok
+        helpers = [t for t in threading.enumerate() if t.name.startswith("kvtier-copy")]
+        assert helpers, "a 3 MiB job on two threads wakes a helper"
+        for t in helpers:
+            assert t.native_id is not None
+            assert os.sched_getaffinity(t.native_id) == os.sched_getaffinity(0)
+        for i, copy in enumerate(copies):
+            assert torch.equal(rows[i], expected_slot(kv, 4, copy, 0))

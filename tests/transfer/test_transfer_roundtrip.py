@@ -254,14 +254,17 @@ def test_runs_of_consecutive_blocks_move_like_scattered_blocks(
         assert blocks_equal(now, before, axis, rest, rest)
 
 
+@pytest.mark.parametrize("by_row", [False, True], ids=["slot-tensors", "slab-rows"])
 @pytest.mark.parametrize("runs", [False, True], ids=["shuffled", "runs"])
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize(("axis", "first"), [(0, 0), (1, 1)], ids=["axis0-whole", "axis1-partial"])
 def test_jobs_split_over_threads_move_exactly_their_blocks(
-        axis: int, first: int, threads: int, runs: bool) -> None:
-    """48 copies of 64 KiB chunks (3 MiB) in one slab, over 3 threads (split by slot): every
-    slot holds exactly its blocks (oracle), and a load into cleared KV restores every
-    block. ``axis1-partial``: K and V pieces, and copies of chunk blocks 1..3 of 4."""
+        axis: int, first: int, threads: int, runs: bool, by_row: bool) -> None:
+    """48 copies of 64 KiB chunks (3 MiB) in one slab, over 3 threads (the native copies
+    share the ranges out, the torch path splits by slot): every slot holds exactly its
+    blocks (oracle), and a load into cleared KV restores every block. ``axis1-partial``: K
+    and V pieces, and copies of chunk blocks 1..3 of 4. ``slab-rows``: the slab is
+    registered and copies name its rows by index."""
     gen = torch.Generator().manual_seed(9 + axis)
     layout = Layout((Group("full", 16, 4),))
     kv = random_group(2, axis, num_blocks=200, tokens=16, dtype=torch.bfloat16, gen=gen,
@@ -273,10 +276,13 @@ def test_jobs_split_over_threads_move_exactly_their_blocks(
         tables = [[s + k for k in range(per)] for s in starts]
     else:
         tables = torch.randperm(200, generator=gen)[: 48 * per].view(48, per).tolist()
-    with engine_for(layout, [kv], load_threads=threads) as engine:
+    rows = allocate_slab(48, (64 << 10) + 64, "cpu").fill_(FILL)
+    registered = {"slab": rows} if by_row else {}
+    with engine_for(layout, [kv], load_threads=threads, **registered) as engine:
         assert engine.chunk_bytes(0) == 64 << 10
-        slab = make_slots(engine, 48)
-        copies = [ChunkCopy(0, slab[i], ids, first) for i, ids in enumerate(tables)]
+        slab = list(rows)
+        copies = [ChunkCopy(0, i if by_row else slab[i], ids, first)
+                  for i, ids in enumerate(tables)]
         assert engine.wait(engine.submit_store(copies)).ok
         for slot, copy in zip(slab, copies, strict=True):
             assert torch.equal(slot[: engine.chunk_bytes(0)], expected_slot(kv, 4, copy, FILL))
@@ -284,5 +290,41 @@ def test_jobs_split_over_threads_move_exactly_their_blocks(
             t.zero_()
         assert engine.wait(engine.submit_load(copies)).ok
     moved = [b for ids in tables for b in ids]
+    for now, before in zip(kv.layers, original, strict=True):
+        assert blocks_equal(now, before, axis, moved, moved)
+
+
+@pytest.mark.parametrize("pinned_like", ["torch", "numpy"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_slots_named_by_slab_row_round_trip_beside_buffer_slots(axis: int, pinned_like: str
+                                                                 ) -> None:
+    """A registered slab (a tensor, or a numpy array as HostSlab.rows() gives without
+    CUDA): copies naming rows by index (plain and numpy ints) in one job with a copy into a
+    separate buffer and a partial copy; each slot matches the oracle, rows no copy names
+    stay untouched, and a load into cleared KV restores every moved block."""
+    gen = torch.Generator().manual_seed(11)
+    layout = Layout((Group("full", tokens_per_block=4, blocks_per_chunk=3),))
+    kv = random_group(2, axis, num_blocks=24, tokens=4, dtype=torch.bfloat16, gen=gen)
+    original = snapshot(kv)
+    size = engine_for(layout, [kv]).slot_bytes + 64
+    rows = allocate_slab(8, size, "cpu").fill_(FILL)
+    registered = rows if pinned_like == "torch" else rows.numpy()
+    extra = torch.full((size,), FILL, dtype=torch.uint8)
+    tables = [([3, 17, 5], 0), ([0, 1, 2], 0), ([19, 8, 11], 0), ([22, 23], 1)]
+    refs = [5, np.int64(2), extra, 7]
+    slots = [rows[5], rows[2], extra, rows[7]]
+    with engine_for(layout, [kv], slab=registered) as engine:
+        copies = [ChunkCopy(0, ref, ids, first)
+                  for ref, (ids, first) in zip(refs, tables, strict=True)]
+        assert engine.wait(engine.submit_store(copies)).ok
+        for slot, copy in zip(slots, copies, strict=True):
+            assert torch.equal(slot[: engine.chunk_bytes(0)], expected_slot(kv, 3, copy, FILL))
+            assert bool((slot[engine.chunk_bytes(0):] == FILL).all())
+        for untouched in (0, 1, 3, 4, 6):
+            assert bool((rows[untouched] == FILL).all())
+        for t in kv.layers:
+            t.zero_()
+        assert engine.wait(engine.submit_load(copies)).ok
+    moved = [b for ids, _ in tables for b in ids]
     for now, before in zip(kv.layers, original, strict=True):
         assert blocks_equal(now, before, axis, moved, moved)

@@ -157,7 +157,8 @@ class KvtierOffloader:
         self._retire()
         kv = [GroupKV(tuple(layers)) for layers in kv_caches]
         self._transfer = TransferEngine(
-            self.layout, kv, fault=self._fault, staging_bytes=self._staging_bytes
+            self.layout, kv, fault=self._fault, staging_bytes=self._staging_bytes,
+            slab=self._backend.rows(),
         )
         # An offloader dropped without close() must not leave the data plane's threads behind.
         self._finalizer = weakref.finalize(self, self._transfer.close)
@@ -279,7 +280,7 @@ class KvtierOffloader:
 
     def _send(self, jobs: list[TransferJob]) -> int:
         """Hand planner jobs of one direction to the data plane as one transfer job; slot
-        numbers become slot views."""
+        numbers name rows of the registered slab."""
         copies = [self._copy(c) for job in jobs for c in job.copies]
         engine = self._engine()
         load = jobs[0].direction == "load"
@@ -290,10 +291,11 @@ class KvtierOffloader:
         return transfer_job
 
     def _copy(self, c: PlannedCopy) -> ChunkCopy:
-        """The data plane's copy for a planned one. A state chunk's slot holds one block,
-        the chunk's last (``TransferEngine.copy_for_run``): it goes to slot block 0."""
+        """The data plane's copy for a planned one: its slot is a row of the registered slab.
+        A state chunk's slot holds one block, the chunk's last
+        (``TransferEngine.copy_for_run``): it goes to slot block 0."""
         first = 0 if self.layout.groups[c.group].kind == "state" else c.first_block
-        return ChunkCopy(c.group, self._backend.view(c.slot), c.block_ids, first)
+        return ChunkCopy(c.group, c.slot, c.block_ids, first)
 
     def _settle(self, result: JobResult) -> None:
         """Complete a finished transfer job's planner jobs (failures included)."""

@@ -70,13 +70,9 @@ class ConnectorWorker:
         on axis 0 (``[num_blocks, 2, ...]``) or 1 (``[2, num_blocks, ...]``)."""
         kv = [GroupKV(tuple(layers), block_axis=_block_axis(layers, num_blocks))
               for layers in layers_by_group]
-        engine = TransferEngine(self.layout, kv, fault=self.fault)
-        if engine.slot_bytes > self.slab.slot_bytes:
-            raise ValueError(
-                f"a chunk of the registered KV is {engine.slot_bytes} bytes but the layout "
-                f"says {self.slab.slot_bytes}: vLLM's page sizes and its tensors disagree"
-            )
-        self.engine = engine
+        # copies name slab rows by index; a slab row too short for a chunk of these tensors
+        # (vLLM's page sizes and its tensors disagreeing) is a ValueError here
+        self.engine = TransferEngine(self.layout, kv, fault=self.fault, slab=self.slab.rows())
 
     def before_forward(self, plan: StepPlan) -> None:
         engine = self._engine()
@@ -122,8 +118,7 @@ class ConnectorWorker:
 
     def _submit(self, job: TransferJob) -> None:
         engine = self._engine()
-        copies = [ChunkCopy(c.group, self.slab.view(c.slot), c.block_ids, c.first_block)
-                  for c in job.copies]
+        copies = [ChunkCopy(c.group, c.slot, c.block_ids, c.first_block) for c in job.copies]
         submit = engine.submit_load if job.direction == "load" else engine.submit_store
         engine_id = submit(copies)
         self._running[engine_id] = job

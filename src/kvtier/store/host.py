@@ -129,6 +129,17 @@ class HostSlab:
         """
         return self._array[self._span(slot)]
 
+    def rows(self) -> npt.NDArray[np.uint8] | torch.Tensor:
+        """The whole slab as ``[num_slots, slot_bytes]`` (no copy): the pinned tensor when
+        page-locked, else the numpy array; what ``TransferEngine(..., slab=...)`` takes.
+
+        >>> HostSlab(3, 8, pin_memory=False).rows().shape
+        (3, 8)
+        """
+        if self._tensor is not None:
+            return self._tensor.view(self._num_slots, self._slot_bytes)
+        return self._array.reshape(self._num_slots, self._slot_bytes)
+
     def tensor(self, slot: int) -> torch.Tensor:
         """``view(slot)`` as a torch ``uint8`` tensor over the same memory (needs torch)."""
         import torch

@@ -7,7 +7,8 @@ holds bytes. So a tier is small:
 * ``SlotBackend``: ``num_slots``, ``slot_bytes``, ``read(slot, nbytes)``, ``write(slot, data)``.
   Host memory (``HostSlab``), and later local disk and Redis, implement it.
 * ``ZeroCopyBackend``: a backend that also lends ``view(slot)``, a writable uint8 array over
-  the slot's own memory, so the data plane copies straight in and out (host memory).
+  the slot's own memory, and ``rows()``, all of them as one array, so the data plane copies
+  straight in and out (host memory).
 
 ``SlotAllocator`` is the manager's free list; it lives here because any tier's slots are
 numbered the same way.
@@ -21,7 +22,7 @@ numbered the same way.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +59,11 @@ class ZeroCopyBackend(SlotBackend, Protocol):
 
     def view(self, slot: int) -> npt.NDArray[np.uint8]:
         """A writable ``uint8`` array of ``slot_bytes`` over the slot's memory (no copy)."""
+        ...
+
+    def rows(self) -> Any:
+        """Every slot at once: a writable ``[num_slots, slot_bytes]`` uint8 array, row ``i``
+        being slot ``i`` (no copy); a torch tensor where the memory is torch's (pinned)."""
         ...
 
 

@@ -7,7 +7,7 @@ for the job protocol.
 
 from kvtier.transfer.engine import DEFAULT_STAGING_BYTES, TransferEngine
 from kvtier.transfer.mover import FaultHook
-from kvtier.transfer.spec import ChunkCopy, Direction, GroupKV, JobResult, Slot
+from kvtier.transfer.spec import ChunkCopy, Direction, GroupKV, JobResult, Slot, SlotRef
 from kvtier.transfer.views import allocate_slab
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "GroupKV",
     "JobResult",
     "Slot",
+    "SlotRef",
     "TransferEngine",
     "allocate_slab",
 ]

@@ -30,14 +30,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
+import numpy as np
 import torch
 
 from kvtier.coverage import BlockRun
 from kvtier.layout import Layout
 from kvtier.transfer.mover import FaultHook, Mover
 from kvtier.transfer.plan import Batch, plan_job
-from kvtier.transfer.spec import ChunkCopy, Direction, GroupKV, JobResult, Slot, as_copies
-from kvtier.transfer.views import build_views
+from kvtier.transfer.spec import ChunkCopy, Direction, GroupKV, JobResult, SlotRef, as_copies
+from kvtier.transfer.views import build_views, register_slab
 
 DEFAULT_STAGING_BYTES = 4 << 20
 """Staging per direction on the KV device; a job larger than this runs in several batches."""
@@ -89,18 +90,23 @@ class TransferEngine:
     checked here (``ValueError`` says what to fix). ``fault``, for tests, is called with
     each copy just before its slot bytes move; if it raises, that job fails and later jobs
     run normally. ``staging_bytes`` bounds the staging buffer of each direction.
-    ``load_threads`` (CPU only): threads one load spreads its numpy copies over, by slot
-    (stores spread over torch's intra-op threads inside ``index_select``); ``None``, the
-    default, takes torch's intra-op thread count.
+    ``load_threads`` (CPU only): threads one job's copies spread over (in the pure build,
+    a store spreads over torch's intra-op threads inside ``index_select`` instead); ``None``,
+    the default, takes torch's intra-op thread count. ``slab``: a ``[num_slots, row_bytes]``
+    uint8 host array (``allocate_slab``) whose rows copies may then name by index,
+    ``ChunkCopy(group, slot=7, ...)``: the cheaper way to name a slot, checked in a few
+    array operations per job rather than per copy.
     """
 
     def __init__(
         self, layout: Layout, kv: Sequence[GroupKV], *, fault: FaultHook | None = None,
         staging_bytes: int = DEFAULT_STAGING_BYTES, load_threads: int | None = None,
+        slab: torch.Tensor | np.ndarray | None = None,
     ) -> None:
         if load_threads is not None and load_threads < 1:
             raise ValueError(f"load_threads must be at least 1, got {load_threads}")
         self._views, self.device = build_views(layout, kv)
+        self._slab = None if slab is None else register_slab(slab, self.slot_bytes)
         self._layout = layout
         self._fault = fault
         self._staging_bytes = staging_bytes
@@ -124,7 +130,7 @@ class TransferEngine:
         return max(v.chunk_bytes for v in self._views)
 
     def copy_for_run(
-        self, group: int, slot: Slot, run: BlockRun, block_table: Sequence[int]
+        self, group: int, slot: SlotRef, run: BlockRun, block_table: Sequence[int]
     ) -> ChunkCopy:
         """The copy for a :class:`BlockRun` (from ``load_set``), given the group's block table.
 
@@ -201,7 +207,7 @@ class TransferEngine:
 
     def _submit(self, direction: Direction, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
         items = as_copies(copies)
-        batches = plan_job(self._views, direction, items)
+        batches = plan_job(self._views, direction, items, self._slab)
         self.start()
         ready = self._record_ready()
         with self._cond:  # ids and queue order agree, even with concurrent submitters

@@ -14,7 +14,8 @@ layer instead. That view is either
 
 In the compiled build, CPU copies skip all of that: each block of each layer piece moves by
 one memcpy straight between the KV tensor and its slot, in one C call per thread without the
-GIL (:class:`NativeCopies`); the torch paths above remain the pure build's and CUDA's.
+GIL, the threads sharing the ranges out as they come (:class:`NativeCopies`); the torch
+paths above remain the pure build's and CUDA's.
 
 On CUDA each mover owns a stream: a job first waits for the event recorded on the compute
 stream at submit time, then runs every copy on its stream (slot copies are non-blocking,
@@ -26,7 +27,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -47,7 +51,12 @@ fewer elements by parallel memcpy, longer ones by a per-row element loop (measur
 short of it."""
 
 MIN_PART_BYTES = 1 << 20
-"""A CPU load is split over threads only in parts of at least this many bytes."""
+"""A CPU copy is split over threads only in parts of at least this many bytes."""
+
+CLAIM_BYTES = 1 << 20
+"""Threads sharing a native copy take about this many bytes of ranges at a time: small
+enough that a helper which wakes late still finds work, large enough that the prefetch
+ahead of each claim's copy (64 KiB, see _native.c) is a small part of it."""
 
 FaultHook = Callable[[ChunkCopy], None]
 """Called with each copy just before its slot bytes move; raising fails the job (tests)."""
@@ -81,8 +90,8 @@ def slab_rows(batch: Batch) -> torch.Tensor | None:
     Example: slots ``slab[4]``, ``slab[5]``, ``slab[6]`` of a ``[64, 4096]`` slab, 8-byte
     words: a view with strides ``(512, 1)`` starting at word ``4 * 512`` of the slab.
     """
-    slots, ptrs, word = batch.slots, batch.ptrs, batch.view.word_bytes
-    first = slots[0]
+    ptrs, word = batch.ptrs, batch.view.word_bytes
+    first = batch.slot(0)
     steps = np.diff(ptrs)
     spacing = int(steps[0]) if len(steps) else batch.view.chunk_bytes
     if first.device != batch.view.device or spacing <= 0 or spacing % word:
@@ -91,11 +100,11 @@ def slab_rows(batch: Batch) -> torch.Tensor | None:
         return None
     storage = first.untyped_storage()
     start = int(ptrs[0]) - storage.data_ptr()
-    end = start + spacing * (len(slots) - 1) + batch.view.chunk_bytes
+    end = start + spacing * (len(ptrs) - 1) + batch.view.chunk_bytes
     if start % word or end > storage.nbytes():
         return None
     out = torch.empty(0, dtype=batch.view.word, device=first.device)
-    shape = (len(slots), batch.view.chunk_words)
+    shape = (len(ptrs), batch.view.chunk_words)
     return out.set_(storage, start // word, shape, (spacing // word, 1))
 
 
@@ -341,62 +350,146 @@ def _assign(moves: list[tuple[np.ndarray, ...]], lo: int, hi: int) -> None:
         dst[at[lo:hi]] = plane[lo:hi]
 
 
-def addresses(batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(kv, slot, lengths)``: one byte range per (copy, layer piece, block), copy-major.
+@dataclass(frozen=True)
+class Ranges:
+    """The byte ranges of one copy of a batch shape, as arrays: entry ``e`` is ``length[e]``
+    bytes at ``kv_base[e] + ids[pos[e]] * kv_step[e]`` in a KV tensor (``ids``: the copy's
+    engine block ids) and at byte ``slot_off[e]`` of its slot.
 
-    Entry ``e`` is ``lengths[e]`` bytes at address ``kv[e]`` in a KV tensor and at
-    ``slot[e]`` in a slot: a block of a layer piece, or in a ``consecutive`` batch a
-    one-piece layer's whole run of blocks. Every address is inside memory :mod:`plan`
-    checked (block ids below ``num_blocks``, slots at least ``chunk_bytes`` long).
-    Example: 2 copies of a 4-block chunk, 4 one-piece layers, shuffled ids: 32 entries,
-    those of copy 0 first, in slot order; consecutive ids: 8 entries, one run per layer.
+    One entry per (layer, block, piece), layer-major: a block of a layer piece, or in a
+    ``consecutive`` batch a one-piece layer's whole run of blocks (``pos`` 0, the run's
+    length). Example: a 4-block chunk of 4 one-piece layers: 16 entries, or 4 with
+    consecutive ids.
     """
-    view, wb, count = batch.view, batch.view.word_bytes, batch.num_blocks
-    kv: list[np.ndarray] = []
-    slot: list[np.ndarray] = []
-    lengths: list[int] = []
-    for li, layer in enumerate(view.layers):
-        start = batch.ptrs + view.block_word(li, batch.first_block) * wb
-        if batch.consecutive and len(layer.pieces) == 1:
-            rows = layer.pieces[0].rows  # contiguous: a run of blocks is one range
-            kv.append(rows.data_ptr() + batch.ids[0] * (rows.stride(0) * wb))
-            slot.append(start)
-            lengths.append(count * rows.shape[1] * wb)
-            continue
-        for j in range(count):
-            for piece in layer.pieces:
-                rows = piece.rows
-                kv.append(rows.data_ptr() + batch.ids[j] * (rows.stride(0) * wb))
-                slot.append(start + (j * layer.words_per_block + piece.offset) * wb)
-                lengths.append(piece.width * wb)
-    n = len(batch.copies)
-    return (np.stack(kv, axis=1).ravel(), np.stack(slot, axis=1).ravel(),
-            np.tile(np.array(lengths, np.int64), n))
+
+    pos: np.ndarray
+    kv_base: np.ndarray
+    kv_step: np.ndarray
+    slot_off: np.ndarray
+    length: np.ndarray
+
+    @classmethod
+    def of(cls, batch: Batch) -> Ranges:
+        view, wb, count = batch.view, batch.view.word_bytes, batch.num_blocks
+        rows_: list[tuple[int, int, int, int, int]] = []
+        for li, layer in enumerate(view.layers):
+            start = view.block_word(li, batch.first_block) * wb
+            if batch.consecutive and len(layer.pieces) == 1:
+                rows = layer.pieces[0].rows  # contiguous: a run of blocks is one range
+                step = rows.stride(0) * wb
+                rows_.append((0, rows.data_ptr(), step, start, count * rows.shape[1] * wb))
+                continue
+            for j in range(count):
+                for piece in layer.pieces:
+                    rows = piece.rows
+                    off = start + (j * layer.words_per_block + piece.offset) * wb
+                    rows_.append((j, rows.data_ptr(), rows.stride(0) * wb, off, piece.width * wb))
+        cols = np.array(rows_, np.int64).T
+        return cls(*(np.ascontiguousarray(c) for c in cols))
+
+
+def addresses(batch: Batch, ranges: Ranges) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(kv, slot, lengths)``: one byte range per (copy, entry of ``ranges``), copy-major.
+
+    Every address is inside memory :mod:`plan` checked (block ids below ``num_blocks``,
+    slots at least ``chunk_bytes`` long). Example: 2 copies of a 4-block chunk, 4 one-piece
+    layers, shuffled ids: 32 entries, those of copy 0 first, in slot order.
+    """
+    ids = batch.ids.T[:, ranges.pos]  # [copies, entries]: the block id each entry moves
+    kv = ranges.kv_base + ids * ranges.kv_step
+    slot = batch.ptrs[:, None] + ranges.slot_off
+    lengths = np.broadcast_to(ranges.length, kv.shape)
+    return kv.ravel(), slot.ravel(), lengths.ravel()
 
 
 class NativeCopies:
     """CPU stores and loads in the compiled build: the batch's byte ranges
-    (:func:`addresses`) move by ``kvtier._native.copy``, one memcpy each, without the GIL,
-    split by slot over threads (:class:`SlotSplit`). Straight between the KV tensors and
-    each slot, wherever the slots are: no staging, and no pass per block position (a torch
-    ``index_select`` into strided slot columns ran at half a contiguous copy's speed).
+    (:func:`addresses`) move by ``kvtier._native.copy``, one memcpy each, without the GIL.
+    Straight between the KV tensors and each slot, wherever the slots are: no staging, and
+    no pass per block position (a torch ``index_select`` into strided slot columns ran at
+    half a contiguous copy's speed).
+
+    Up to ``threads`` threads share a batch: the calling one starts at once, helpers join
+    when they wake, and each takes the next ``CLAIM_BYTES`` of ranges from a shared cursor
+    until none are left. A fixed split would make the job wait for the slowest thread to
+    wake: measured on a 2-core VM, a pool thread started its half 0.4-1.1 ms late, a sixth
+    of a 64 MiB job. A batch wakes one helper per ``MIN_PART_BYTES`` beyond the first.
+
+    While they copy, helpers may run on any CPU but the calling thread's (:class:`Apart`):
+    Linux wakes a thread on its waker's CPU when it can, and then leaves the two busy
+    threads sharing that CPU (a task that just ran is not migrated), which halves the
+    copy's speed; measured on a 2-core VM, 9 of 15 jobs ran so, 8-10 ms against 5.5 ms.
     """
 
     def __init__(self, threads: int) -> None:
-        self._split = SlotSplit(threads, "kvtier-copy")
+        self._helpers = max(1, threads) - 1
+        self._ranges: dict[tuple[int, int, int, bool], Ranges] = {}  # by batch shape
+        self._apart = Apart()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max(1, self._helpers), thread_name_prefix="kvtier-copy",
+            initializer=self._apart.enlist)
 
     def __call__(self, batch: Batch, direction: str) -> None:
         assert _native is not None
         copy = _native.copy
-        kv, slot, lengths = addresses(batch)
+        key = (batch.view.index, batch.first_block, batch.num_blocks, batch.consecutive)
+        ranges = self._ranges.get(key)
+        if ranges is None:
+            ranges = self._ranges[key] = Ranges.of(batch)
+        kv, slot, lengths = addresses(batch, ranges)
         dst, src = (slot, kv) if direction == "store" else (kv, slot)
-        n = len(batch.copies)
-        per = len(lengths) // n  # entries per copy, the same for every copy of a batch
-
-        def part(lo: int, hi: int) -> None:
-            copy(dst[lo * per : hi * per], src[lo * per : hi * per], lengths[lo * per : hi * per])
-
-        self._split.run(n, batch.view.chunk_bytes, part)
+        total = int(lengths.sum())
+        helpers = min(self._helpers, total // MIN_PART_BYTES - 1)
+        if helpers < 1:
+            copy(dst, src, lengths)
+            return
+        cursor = np.zeros(1, np.int64)
+        grain = max(1, CLAIM_BYTES * len(lengths) // total)  # ranges per claim
+        with self._apart(_native.cpu()):
+            futures = [self._pool.submit(copy, dst, src, lengths, cursor, grain)
+                       for _ in range(helpers)]
+            try:
+                copy(dst, src, lengths, cursor, grain)
+            finally:  # never report a job done while a helper still writes
+                concurrent.futures.wait(futures)
+        for future in futures:
+            future.result()  # raises what a helper raised
 
     def close(self) -> None:
-        self._split.close()
+        self._pool.shutdown(wait=True)
+
+
+class Apart:
+    """Keeps the enlisted helper threads off one CPU for a while.
+
+    ``with apart(cpu):`` lets every enlisted thread run on any allowed CPU but ``cpu``, and
+    on all of them again after; set before the helpers are woken, so the kernel places them
+    elsewhere from the start. Does nothing where thread affinity cannot be set (not Linux),
+    where ``cpu`` is unknown (-1), or where no other CPU is allowed.
+    Example: 2 CPUs, the copying thread on CPU 1: its helper runs on CPU 0 for the job.
+    """
+
+    def __init__(self) -> None:
+        self._threads: list[int] = []  # native thread ids
+
+    def enlist(self) -> None:
+        """Called by each helper thread as it starts."""
+        self._threads.append(threading.get_native_id())
+
+    @contextlib.contextmanager
+    def __call__(self, cpu: int) -> Iterator[None]:
+        moved: list[tuple[int, set[int]]] = []
+        try:
+            for tid in list(self._threads):
+                allowed = os.sched_getaffinity(tid)
+                if cpu in allowed and len(allowed) > 1:
+                    os.sched_setaffinity(tid, allowed - {cpu})
+                    moved.append((tid, allowed))
+        except (AttributeError, OSError):  # no thread affinity here: copies run as placed
+            pass
+        try:
+            yield
+        finally:
+            for tid, allowed in moved:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(tid, allowed)

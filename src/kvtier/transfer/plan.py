@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from kvtier.transfer.spec import ChunkCopy, Direction
-from kvtier.transfer.views import GroupView, slot_tensors
+from kvtier.transfer.views import GroupView, slot_addresses
 
 _GROUP = operator.attrgetter("group")
 _FIRST = operator.attrgetter("first_block")
@@ -41,16 +41,31 @@ class Batch:
     """Copies of one group and one shape ``(first_block, num_blocks)``, by slot address.
 
     ``ids[p, i]`` is the engine block at chunk position ``first_block + p`` of copy ``i``;
-    ``ptrs[i]`` is the address of ``slots[i]``. ``consecutive``: every copy's blocks are
+    ``ptrs[i]`` is the address of copy ``i``'s slot, ``refs[i]`` the slot itself: a tensor,
+    or a row index of the registered ``slab``. ``consecutive``: every copy's blocks are
     consecutive ids, ``ids[p, i] == ids[0, i] + p``.
     """
 
     view: GroupView
     copies: tuple[ChunkCopy, ...]
-    slots: tuple[torch.Tensor, ...]
+    refs: tuple[torch.Tensor | int, ...]
     ids: np.ndarray
     ptrs: np.ndarray
     consecutive: bool = False
+    slab: torch.Tensor | None = None
+
+    def slot(self, i: int) -> torch.Tensor:
+        """Copy ``i``'s slot as a tensor (a row of the slab for a row index)."""
+        ref = self.refs[i]
+        if isinstance(ref, torch.Tensor):
+            return ref
+        assert self.slab is not None  # plan_job keeps row indices only with a slab
+        return self.slab[ref]
+
+    @property
+    def slots(self) -> tuple[torch.Tensor, ...]:
+        """Every copy's slot as a tensor."""
+        return tuple(self.slot(i) for i in range(len(self.refs)))
 
     @property
     def first_block(self) -> int:
@@ -64,8 +79,9 @@ class Batch:
         """Consecutive parts of at most ``size`` copies (at least one each)."""
         size = max(1, size)
         return [
-            Batch(self.view, self.copies[i : i + size], self.slots[i : i + size],
-                  self.ids[:, i : i + size], self.ptrs[i : i + size], self.consecutive)
+            Batch(self.view, self.copies[i : i + size], self.refs[i : i + size],
+                  self.ids[:, i : i + size], self.ptrs[i : i + size], self.consecutive,
+                  self.slab)
             for i in range(0, len(self.copies), size)
         ]
 
@@ -118,9 +134,13 @@ class _Table:
 
 
 def plan_job(
-    views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy]
+    views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy],
+    slab: torch.Tensor | None = None,
 ) -> list[Batch]:
-    """Check every copy of a job and group it into batches (raises ``ValueError``)."""
+    """Check every copy of a job and group it into batches (raises ``ValueError``).
+
+    ``slab``: the registered slab (:func:`kvtier.transfer.views.register_slab`) whose rows
+    copies may name by index."""
     if not copies:
         return []
     table = _Table.of(copies)
@@ -128,16 +148,16 @@ def plan_job(
     if bad is not None:
         _check_copy(views, bad, copies[bad])
     need = np.array([v.chunk_bytes for v in views], np.int64)[table.groups]
-    slots, ptrs = slot_tensors([c.slot for c in copies], need)
+    slots, ptrs = slot_addresses([c.slot for c in copies], need, slab)
     if direction == "store":
-        _check_slots_distinct(views, table, slots, ptrs)
+        _check_slots_distinct(views, table, ptrs)
     else:
         _check_blocks_distinct(views, table)
-    return _batches(views, table, slots, ptrs)
+    return _batches(views, table, slots, ptrs, slab)
 
 
-def _batches(views: Sequence[GroupView], table: _Table, slots: Sequence[torch.Tensor],
-             ptrs: np.ndarray) -> list[Batch]:
+def _batches(views: Sequence[GroupView], table: _Table, slots: Sequence[torch.Tensor | int],
+             ptrs: np.ndarray, slab: torch.Tensor | None) -> list[Batch]:
     runs = table.consecutive()
     keys = table.shape_keys() * 2 + runs
     order = np.lexsort((ptrs, keys))
@@ -150,7 +170,7 @@ def _batches(views: Sequence[GroupView], table: _Table, slots: Sequence[torch.Te
         batches.append(Batch(views[int(table.groups[first])],
                              tuple([table.copies[i] for i in rows]),
                              tuple([slots[i] for i in rows]),
-                             np.ascontiguousarray(ids), ptrs[part], bool(runs[first])))
+                             np.ascontiguousarray(ids), ptrs[part], bool(runs[first]), slab))
     return batches
 
 
@@ -171,8 +191,7 @@ def _check_copy(views: Sequence[GroupView], i: int, copy: ChunkCopy) -> None:
                          f"{copy.group} has {view.num_blocks} blocks")
 
 
-def _check_slots_distinct(views: Sequence[GroupView], table: _Table,
-                          slots: Sequence[torch.Tensor], ptrs: np.ndarray) -> None:
+def _check_slots_distinct(views: Sequence[GroupView], table: _Table, ptrs: np.ndarray) -> None:
     """A store writes each slot byte once."""
     los, his = [], []
     shapes = table.shape_keys()
@@ -187,7 +206,7 @@ def _check_slots_distinct(views: Sequence[GroupView], table: _Table,
     order = np.argsort(lo, kind="stable")
     reach = np.maximum.accumulate(hi[order])  # ranges of one copy never overlap each other
     if (lo[order][1:] < reach[:-1]).any():
-        seen = _first_duplicate(_slot_ranges(views, table.copies, slots))
+        seen = _first_duplicate(_slot_ranges(views, table.copies, ptrs))
         assert seen is not None
         raise ValueError(f"store: copies {seen[0]} and {seen[1]} write overlapping slot bytes")
 
@@ -204,10 +223,9 @@ def _check_blocks_distinct(views: Sequence[GroupView], table: _Table) -> None:
 
 
 def _slot_ranges(
-    views: Sequence[GroupView], copies: Sequence[ChunkCopy], slots: Sequence[torch.Tensor]
+    views: Sequence[GroupView], copies: Sequence[ChunkCopy], ptrs: np.ndarray
 ) -> Iterator[tuple[int, int, int]]:
-    for i, (c, s) in enumerate(zip(copies, slots, strict=True)):
-        ptr = s.data_ptr()
+    for i, (c, ptr) in enumerate(zip(copies, ptrs.tolist(), strict=True)):
         for lo, hi in views[c.group].byte_ranges(c.first_block, c.num_blocks):
             yield ptr + lo, ptr + hi, i
 

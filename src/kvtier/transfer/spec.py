@@ -33,6 +33,11 @@ import torch
 Slot = torch.Tensor | np.ndarray
 """A slot buffer: a 1-D, contiguous, uint8 CPU tensor (pinned on CUDA hosts) or ndarray."""
 
+SlotRef = Slot | int
+"""What a copy names its slot by: a buffer, or the index of a row of the slab registered
+with the engine (``TransferEngine(..., slab=rows)``), the faster way (no buffer per copy to
+check)."""
+
 Direction = Literal["store", "load"]
 
 
@@ -62,7 +67,7 @@ class GroupKV:
             raise ValueError(f"GroupKV: block_axis must be 0 or 1, got {self.block_axis!r}")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class ChunkCopy:
     """Move engine blocks ``block_ids`` to or from chunk-relative blocks of ``slot``.
 
@@ -72,13 +77,15 @@ class ChunkCopy:
 
     Example: a sliding-window chunk of 4 blocks of which only the last is live
     (``BlockRun(chunk=1, first_block=3, num_blocks=1)``, engine block 42):
-    ``ChunkCopy(group=1, slot=slab[7], block_ids=(42,), first_block=3)``.
+    ``ChunkCopy(group=1, slot=slab[7], block_ids=(42,), first_block=3)``, or ``slot=7``
+    when ``slab`` is registered with the engine.
     """
 
     group: int
     """Index of the group in the layout."""
-    slot: Slot
-    """The slot buffer holding the chunk (its prefix of ``chunk_bytes`` bytes)."""
+    slot: SlotRef
+    """The slot holding the chunk (its prefix of ``chunk_bytes`` bytes): a buffer, or a row
+    index of the engine's registered slab."""
     block_ids: tuple[int, ...]
     """Engine block ids, in chunk order."""
     first_block: int = 0
@@ -93,6 +100,12 @@ class ChunkCopy:
             raise ValueError(f"ChunkCopy: block ids must be >= 0, got {list(ids)}")
         if self.first_block < 0:
             raise ValueError(f"ChunkCopy: first_block must be >= 0, got {self.first_block}")
+        slot = self.slot
+        if type(slot) is not int and isinstance(slot, (int, np.integer, np.bool_)):
+            if isinstance(slot, (bool, np.bool_)):
+                raise ValueError("ChunkCopy: slot must be a buffer or a slab row index, "
+                                 "got a bool")
+            object.__setattr__(self, "slot", int(slot))  # numpy integers, as plain ints
 
     @property
     def num_blocks(self) -> int:

@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 
 from kvtier.layout import Group, Layout
-from kvtier.transfer.spec import GroupKV, Slot
+from kvtier.transfer.spec import GroupKV, Slot, SlotRef
 
 _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
@@ -226,25 +227,80 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def slot_tensors(slots: Sequence[Slot], need: np.ndarray) -> tuple[list[torch.Tensor], np.ndarray]:
-    """Every slot as by :func:`slot_tensor` (``need[i]`` bytes for slot ``i``), and addresses.
+def slot_addresses(
+    slots: Sequence[SlotRef], need: np.ndarray, slab: torch.Tensor | None
+) -> tuple[list[torch.Tensor | int], np.ndarray]:
+    """Every slot checked (``need[i]`` bytes for slot ``i``), and its address.
 
-    The usual slot, a row of a uint8 slab, passes a short check of a few attribute reads;
-    anything else (a numpy array, a bad slot) goes through :func:`slot_tensor`.
+    A row index of the registered ``slab`` stays an int (its address is arithmetic: a job
+    naming every slot so costs a few array operations); a buffer becomes a tensor as by
+    :func:`slot_tensor`, the usual one (a row of a uint8 slab) after a short check of a few
+    attribute reads.
     """
+    if slab is not None and all(type(s) is int for s in slots):
+        indices = cast("list[int]", list(slots))
+        rows = np.fromiter(indices, np.int64, len(indices))
+        outside = np.flatnonzero((rows < 0) | (rows >= slab.shape[0]))
+        if outside.size:
+            i = int(outside[0])
+            _slab_row(slab, indices[i], i)  # raises with the message
+        return list(indices), slab.data_ptr() + rows * slab.stride(0)
     out: list[torch.Tensor] = []
     for i, s in enumerate(slots):
         if isinstance(s, torch.Tensor) and s.dtype is torch.uint8 and s.is_cpu \
                 and s.stride() == (1,):
             out.append(s)
+        elif type(s) is int:
+            out.append(_slab_row(slab, s, i))
         else:
-            out.append(slot_tensor(s, int(need[i]), i))
+            out.append(slot_tensor(s, int(need[i]), i))  # type: ignore[arg-type]
     sizes = np.array([t.numel() for t in out], np.int64)
     short = np.flatnonzero(sizes < need)
     if short.size:
         i = int(short[0])
         slot_tensor(out[i], int(need[i]), i)  # raises with the message
-    return out, np.array([t.data_ptr() for t in out], np.int64)
+    return list(out), np.array([t.data_ptr() for t in out], np.int64)
+
+
+def _slab_row(slab: torch.Tensor | None, row: int, index: int) -> torch.Tensor:
+    """Row ``row`` of the registered slab; ``ValueError`` if there is none or no such row."""
+    if slab is None:
+        raise ValueError(f"copy {index}: slot {row} is a slab row index, but no slab is "
+                         "registered; pass TransferEngine(..., slab=rows) or a slot buffer")
+    if not 0 <= row < slab.shape[0]:
+        raise ValueError(f"copy {index}: slot {row} is not a row of the registered slab "
+                         f"(it has {slab.shape[0]} rows)")
+    return slab[row]
+
+
+def register_slab(slab: torch.Tensor | np.ndarray, slot_bytes: int) -> torch.Tensor:
+    """The slab copies may name rows of, as a ``[num_slots, row_bytes]`` uint8 CPU tensor.
+
+    It must be 2-D, C-contiguous, uint8, writable host memory whose rows hold the layout's
+    largest chunk (``slot_bytes``). Example: ``register_slab(allocate_slab(64, 4096,
+    "cpu"), 4096)``.
+    """
+    where = "slab registration"
+    if isinstance(slab, np.ndarray):
+        if not slab.flags.writeable:
+            raise ValueError(f"{where}: the numpy slab is read-only")
+        if slab.dtype != np.uint8:
+            raise ValueError(f"{where}: the slab must be uint8, got {slab.dtype}")
+        slab = torch.from_numpy(slab)
+    if not isinstance(slab, torch.Tensor):
+        raise ValueError(f"{where}: expected a torch tensor or numpy array, "
+                         f"got {type(slab).__name__}")
+    if slab.dtype is not torch.uint8 or slab.dim() != 2 or not slab.is_contiguous():
+        raise ValueError(f"{where}: the slab must be a 2-D contiguous uint8 "
+                         f"[num_slots, slot_bytes] array, got {slab.dtype} with shape "
+                         f"{tuple(slab.shape)}")
+    if not slab.is_cpu:
+        raise ValueError(f"{where}: slots live in host memory, got a slab on {slab.device}")
+    if slab.shape[0] < 1 or slab.shape[1] < slot_bytes:
+        raise ValueError(f"{where}: rows of {slab.shape[1]} bytes cannot hold the largest "
+                         f"chunk ({slot_bytes} bytes); allocate_slab(n, engine.slot_bytes, "
+                         "device) makes one that fits")
+    return slab
 
 
 def slot_tensor(slot: Slot, need: int, index: int) -> torch.Tensor:
