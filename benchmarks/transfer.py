@@ -21,8 +21,17 @@ the slab into a buffer as large as the KV cache, at alternating offsets. On the 
 the faster of torch ``copy_`` (both cores) and numpy's memcpy (judged); in the compiled
 build also, as a stricter figure (``*_stream``, reported), kvtier's own copy loop over the
 one contiguous range (streaming stores, both cores), which beats both. On CUDA ``copy_``
-between the device and pinned host memory. Before every timed run a 128 MiB write evicts
-the last-level cache, so job and baseline both read cold memory. Jobs are timed from submit
+between the device and pinned host memory. Before every timed run a write to every cache
+line of 128 MiB evicts the last-level cache, so job and baseline both read cold memory.
+That flush runs in numpy, on one thread (``--flush torch``: a torch ``fill_`` instead).
+A multi-threaded torch op leaves torch's OpenMP workers spinning on the other core for a
+while after it returns, so whatever runs next on a thread of its own finds one core taken,
+while a torch ``copy_`` reuses those very workers: measured on this 2-core machine,
+kvtier's contiguous streaming copy took 6.5 ms per 64 MiB after a torch flush and 4.3 ms
+after a numpy one, torch's ``copy_`` 5.2 ms after either. Each job's copies name slots by
+row index of the engine's registered slab, as kvtier's integrations do. They are built once,
+so planning reads them cold, as it reads the KV (``--copies fresh``: built after each flush,
+as an engine builds them just before it submits). Jobs are timed from submit
 to ``wait`` returning (planning, queueing and the copies), baseline and jobs taking turns so
 that machine noise hits them alike: each ratio is the median over ``REPEAT`` turns of the
 ratio within a turn (this machine's memory bandwidth drifts by tens of percent over
@@ -90,18 +99,33 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def turns(runs: dict[str, Callable[[], object]], device: torch.device) -> dict[str, np.ndarray]:
+def flusher(how: str) -> Callable[[int], object]:
+    """Writes every cache line of ``FLUSH_BYTES``: ``numpy`` on one thread, or ``torch``
+    (``fill_`` on torch's intra-op threads, which then spin for a while; module docstring)."""
+    scratch = torch.zeros(FLUSH_BYTES, dtype=torch.uint8)
+    if how == "torch":
+        return scratch.fill_
+    lines = scratch.numpy()[::64]  # one byte per 64-byte line: each line read and written
+    return lambda i: np.add(lines, 1, out=lines)
+
+
+def turns(runs: dict[str, Callable[[], object]], device: torch.device, flush: str,
+          prepare: dict[str, Callable[[], object]] | None = None) -> dict[str, np.ndarray]:
     """Each run's time in each of ``REPEAT`` turns, the runs taking turns so that noise hits
     them alike.
 
     Before each run, writing a buffer larger than the last-level cache evicts what the
-    previous run left there, so no run reads bytes another one just brought into cache.
+    previous run left there, so no run reads bytes another one just brought into cache;
+    then ``prepare[name]``, if any, runs untimed (a job's copies are built there, as an
+    engine builds them just before it submits).
     """
     times: dict[str, list[float]] = {name: [] for name in runs}
-    scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8)
+    evict = flusher(flush)
     for i in range(REPEAT):
         for name, fn in runs.items():
-            scratch.fill_(i)
+            evict(i)
+            if prepare and name in prepare:
+                prepare[name]()
             sync(device)
             start = time.perf_counter()
             fn()
@@ -142,20 +166,20 @@ def block_ids(num_chunks: int, num_blocks: int, per_chunk: int, order: str
 
 
 def setup(geo: Geometry, total: int, order: str, device: torch.device
-          ) -> tuple[TransferEngine, list[ChunkCopy], torch.Tensor]:
-    """An engine over ``geo``'s KV (twice the blocks a job moves); its copies of ``total``
-    bytes into consecutive slots, and the slab (flat) they write."""
+          ) -> tuple[TransferEngine, Callable[[], list[ChunkCopy]], torch.Tensor]:
+    """An engine over ``geo``'s KV (twice the blocks a job moves) with its slab registered;
+    a function building the copies of ``total`` bytes into consecutive slots (named by row
+    index, as kvtier's integrations name them), and the slab (flat) they write."""
     num_chunks = total // geo.chunk_bytes
     num_blocks = 2 * num_chunks * geo.blocks
     shape = (num_blocks, 2, TOKENS, geo.heads, geo.dim)
     layers = tuple(torch.randn(shape, device=device).to(torch.bfloat16)
                    for _ in range(geo.layers))
     layout = Layout((Group("full", TOKENS, geo.blocks),))
-    engine = TransferEngine(layout, [GroupKV(layers)])
     slab = allocate_slab(num_chunks, geo.chunk_bytes, device).fill_(0)
+    engine = TransferEngine(layout, [GroupKV(layers)], slab=slab)
     ids = block_ids(num_chunks, num_blocks, geo.blocks, order)
-    copies = [ChunkCopy(0, slab[i], ids[i]) for i in range(num_chunks)]
-    return engine, copies, slab.view(-1)
+    return engine, lambda: [ChunkCopy(0, i, ids[i]) for i in range(num_chunks)], slab.view(-1)
 
 
 def baselines(slab: torch.Tensor, device: torch.device) -> dict[str, Callable[[], object]]:
@@ -191,13 +215,20 @@ def native_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     helper.result()
 
 
-def measure(geo: Geometry, order: str, total: int, device: torch.device) -> dict[str, float]:
-    engine, copies, slab = setup(geo, total, order, device)
+def measure(geo: Geometry, order: str, total: int, device: torch.device, flush: str,
+            copies: str) -> dict[str, float]:
+    engine, build, slab = setup(geo, total, order, device)
     runs = baselines(slab, device)
-    runs["store"] = lambda: engine.wait(engine.submit_store(copies))
-    runs["load"] = lambda: engine.wait(engine.submit_load(copies))
+    job = build()
+
+    def fresh() -> None:
+        job[:] = build()
+
+    runs["store"] = lambda: engine.wait(engine.submit_store(job))
+    runs["load"] = lambda: engine.wait(engine.submit_load(job))
+    prepare = {"store": fresh, "load": fresh} if copies == "fresh" else None
     with engine:
-        t = turns(runs, device)
+        t = turns(runs, device, flush, prepare)
     # per turn: the faster baseline, and the job run right after it; the figures are the
     # medians over turns (ratios of the same turn: a burst or a stall of the machine's memory
     # bandwidth moves both)
@@ -221,6 +252,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--flush", choices=("numpy", "torch"), default="numpy",
+                        help="what evicts the cache before each run (module docstring)")
+    parser.add_argument("--copies", choices=("reused", "fresh"), default="reused",
+                        help="build the jobs' copies once, so that planning reads them cold "
+                        "(reused), or after each flush, as an engine builds them just before "
+                        "it submits (fresh)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -228,14 +265,15 @@ def main() -> None:
     total = args.mib << 20
     figures: dict[str, float] = {}
     print(f"{args.mib} MiB per job on {device}; x = contiguous-copy time / job time "
-          "(baseline: see the module docstring)\n")
+          f"(baseline: see the module docstring); cache flushed by {args.flush}, copies "
+          f"{args.copies}\n")
     stream = _native is not None and device.type == "cpu"
     print(f"{'chunk':<13}{'block ids':>10}{'store GB/s':>12}{'load GB/s':>11}{'copy GB/s':>11}"
           f"{'store x':>9}{'load x':>8}" + (f"{'stream GB/s':>13}{'store xs':>10}{'load xs':>9}"
                                             if stream else ""))
     for geo in GEOMETRIES:
         for order in ("shuffled", "runs"):
-            f = measure(geo, order, total, device)
+            f = measure(geo, order, total, device, args.flush, args.copies)
             prefix = geo.name if order == "shuffled" else f"{geo.name}_runs"
             figures.update({f"{prefix}_{k}": v for k, v in f.items()})
             print(f"{geo.name:<13}{order:>10}{f['store_gbps']:>12.2f}{f['load_gbps']:>11.2f}"
@@ -250,7 +288,9 @@ def main() -> None:
         print("x: against torch's or numpy's contiguous copy (judged). xs: against a contiguous "
               "copy by kvtier's own streaming-store loop, faster than either (reported).")
     print(f"build: {describe()} (kvtier.buildinfo; README, \"Compiled build\")")
-    print(json.dumps({"benchmark": "transfer", "build": describe(), "figures": figures,
+    print(json.dumps({"benchmark": "transfer", "build": describe(), "flush": args.flush,
+                      "copies": args.copies,
+                      "figures": figures,
                       "targets": targets, "met": met}))
 
 
