@@ -146,20 +146,41 @@ def test_threads_sharing_a_cursor_copy_every_range_once(threads: int, grain: int
         for f in [pool.submit(_native.copy, d, s, lengths, cursor, grain) for _ in range(threads)]:
             f.result()
     np.testing.assert_array_equal(got, want)
-    claims = -(-200 // grain) + threads  # every range's claim, then each thread's last try
-    assert int(cursor[0]) == claims * grain
+    step = min(grain, 200)  # a grain past the end takes every range at once
+    claims = -(-200 // step) + threads  # every range's claim, then each thread's last try
+    assert int(cursor[0]) == claims * step
 
 
 def test_bad_cursor_arguments_are_clear_errors() -> None:
     one = np.zeros(1, np.int64)
-    with pytest.raises(ValueError, match="cursor must be one aligned, writable int64"):
+    bad = "cursor must be one aligned, writable, non-negative int64"
+    with pytest.raises(ValueError, match=bad):
         _native.copy(one, one, one, np.zeros(2, np.int64), 1)
-    with pytest.raises(ValueError, match="cursor must be one aligned, writable int64"):
-        _native.copy(one, one, one, np.zeros(8, np.uint8)[1:], 1)  # too short
-    with pytest.raises(BufferError):  # read-only
-        _native.copy(one, one, one, bytes(8), 1)
+    with pytest.raises(ValueError, match=bad):
+        _native.copy(one, one, one, np.array([-(2**40)], np.int64), 1)
+    read_only = np.zeros(1, np.int64)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match=bad):
+        _native.copy(one, one, one, read_only, 1)
+    with pytest.raises(ValueError, match=bad):  # 8 bytes, but not 8-byte aligned
+        _native.copy(one, one, one, np.zeros(9, np.uint8)[1:].view(np.int64), 1)
+    for not_int64 in (np.zeros(1), bytearray(8), np.zeros(8, np.uint8)):
+        with pytest.raises(ValueError, match="cursor must be a 1-D buffer of 8-byte integers"):
+            _native.copy(one, one, one, not_int64, 1)
     with pytest.raises(ValueError, match="grain must be at least 1, got 0"):
         _native.copy(one, one, one, np.zeros(1, np.int64), 0)
+
+
+def test_a_huge_grain_takes_every_range_once_and_never_wraps_the_cursor() -> None:
+    src = np.arange(64, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    cursor = np.zeros(1, np.int64)
+    d = np.array([addr(dst), addr(dst, 32)], np.int64)
+    s = np.array([addr(src, 32), addr(src)], np.int64)
+    for _ in range(3):  # later calls find the cursor spent and copy nothing
+        _native.copy(d, s, np.array([32, 32], np.int64), cursor, 2**63 - 1)
+    np.testing.assert_array_equal(dst, np.concatenate((src[32:], src[:32])))
+    assert int(cursor[0]) == 4 * 2  # the grain is cut to the 2 ranges: 1 claim + 3 tries
 
 
 def test_cpu_is_one_this_thread_may_run_on() -> None:

@@ -122,8 +122,11 @@ copy_claimed(const int64_t *dst, const int64_t *src, const int64_t *len, Py_ssiz
         copy_ranges(dst, src, len, n);
     }
     else {
+        /* The cursor only grows from where the caller checked it (>= 0); grain <= n + 1 keeps
+         * every thread's last, failed claim from wrapping it past INT64_MAX. */
         int64_t at;
-        while ((at = __atomic_fetch_add(cursor, (int64_t)grain, __ATOMIC_RELAXED)) < n) {
+        while ((at = __atomic_fetch_add(cursor, (int64_t)grain, __ATOMIC_RELAXED)) >= 0
+               && at < n) {
             Py_ssize_t count = n - at < grain ? (Py_ssize_t)(n - at) : grain;
             copy_ranges(dst + at, src + at, len + at, count);
         }
@@ -175,11 +178,12 @@ native_copy(PyObject *self, PyObject *args)
         return NULL;
     }
     if (cursor_obj != Py_None) {
-        if (PyObject_GetBuffer(cursor_obj, &cursor, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        if (int64_buffer(cursor_obj, &cursor, "cursor") < 0)
             return NULL;
-        if (cursor.len != 8 || (uintptr_t)cursor.buf % 8) {
-            PyErr_SetString(PyExc_ValueError, "copy: cursor must be one aligned, writable "
-                            "int64 (np.zeros(1, np.int64))");
+        if (cursor.readonly || cursor.len != 8 || (uintptr_t)cursor.buf % 8
+            || *(const int64_t *)cursor.buf < 0) {
+            PyErr_SetString(PyExc_ValueError, "copy: cursor must be one aligned, writable, "
+                            "non-negative int64 (np.zeros(1, np.int64))");
             PyBuffer_Release(&cursor);
             return NULL;
         }
@@ -196,6 +200,8 @@ native_copy(PyObject *self, PyObject *args)
         goto cursor_out;
     }
     Py_ssize_t n = dst.len / 8;
+    if (grain > n)
+        grain = n > 0 ? n : 1; /* one claim takes every range: see copy_claimed */
     if (src.len / 8 != n || len.len / 8 != n) {
         PyErr_SetString(PyExc_ValueError, "copy: dst, src and lengths differ in length");
     }

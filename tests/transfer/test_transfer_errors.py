@@ -161,8 +161,11 @@ def slab_engine() -> Iterator[TransferEngine]:
 
 
 @pytest.mark.parametrize("direction", ["store", "load"])
-@pytest.mark.parametrize(("slots", "bad"), [([0, 4], "4"), ([-1], "-1"), ([1, SLAB[0], 9], "9")],
-                         ids=["past-the-end", "negative", "mixed-with-a-buffer"])
+@pytest.mark.parametrize(("slots", "bad"), [
+    ([0, 4], "4"), ([-1], "-1"), ([1, SLAB[0], 9], "9"), ([2, 2**70], str(2**70)),
+    ([-(2**70)], str(-(2**70))), ([np.uint64(2**63 + 5)], str(2**63 + 5))],
+    ids=["past-the-end", "negative", "mixed-with-a-buffer", "past-int64", "below-int64",
+         "uint64"])
 def test_a_row_index_outside_the_registered_slab_is_refused(
         slab_engine: TransferEngine, direction: str, slots: list, bad: str) -> None:
     submit = slab_engine.submit_store if direction == "store" else slab_engine.submit_load

@@ -216,23 +216,55 @@ def test_apart_keeps_enlisted_threads_off_one_cpu_only_while_it_holds() -> None:
         assert os.sched_getaffinity(0) == allowed
 
 
+class AffinityShim:
+    """Stands in for ``kvtier._native``: records the CPU each job keeps free (``cpu()``) and
+    the mask of every thread when it starts copying, then copies for real."""
+
+    def __init__(self, real: object) -> None:
+        self.real = real
+        self.free: list[int] = []
+        self.masks: list[tuple[str, set[int]]] = []
+
+    def cpu(self) -> int:
+        self.free.append(self.real.cpu())  # type: ignore[attr-defined]
+        return self.free[-1]
+
+    def copy(self, *args: object) -> None:
+        self.masks.append((threading.current_thread().name, os.sched_getaffinity(0)))
+        self.real.copy(*args)  # type: ignore[attr-defined]
+
+
 @needs_two_cpus
-def test_copy_helpers_may_run_anywhere_again_after_a_job(copy_path: str) -> None:
+def test_copy_helpers_run_off_the_copying_cpu_and_anywhere_after(
+        copy_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three 3 MiB stores on two threads: in each, the helper copies with the worker's CPU
+    taken out of its mask (the first job's helper too, which starts with it), and after
+    the jobs every helper may run on every CPU again; the slots hold their blocks."""
     if copy_path != "native":
         pytest.skip("only the native copies use helpers kept apart")
+    import kvtier.transfer.mover as mover
+
+    shim = AffinityShim(mover._native)
+    monkeypatch.setattr(mover, "_native", shim)
     gen = torch.Generator().manual_seed(12)
     kv = random_group(2, 0, num_blocks=192, tokens=16, dtype=torch.bfloat16, gen=gen,
                       heads=8, dim=16)
     layout = Layout((Group("full", 16, 4),))
     rows = allocate_slab(48, 64 << 10, "cpu")
+    allowed = os.sched_getaffinity(0)
     with TransferEngine(layout, [kv], load_threads=2, slab=rows) as engine:
         copies = [ChunkCopy(0, i, (4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3)) for i in range(48)]
-        for _ in range(3):  # the first job starts the helper; later ones keep it apart
+        for _ in range(3):
             assert engine.wait(engine.submit_store(copies)).ok
         helpers = [t for t in threading.enumerate() if t.name.startswith("kvtier-copy")]
         assert helpers, "a 3 MiB job on two threads wakes a helper"
         for t in helpers:
             assert t.native_id is not None
-            assert os.sched_getaffinity(t.native_id) == os.sched_getaffinity(0)
+            assert os.sched_getaffinity(t.native_id) == allowed
         for i, copy in enumerate(copies):
             assert torch.equal(rows[i], expected_slot(kv, 4, copy, 0))
+    assert len(shim.free) == 3 and all(cpu in allowed for cpu in shim.free)
+    by_helpers = [mask for name, mask in shim.masks if name.startswith("kvtier-copy")]
+    assert len(by_helpers) == 3
+    for free, mask in zip(shim.free, by_helpers, strict=True):
+        assert mask == allowed - {free}

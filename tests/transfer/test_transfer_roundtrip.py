@@ -294,25 +294,28 @@ def test_jobs_split_over_threads_move_exactly_their_blocks(
         assert blocks_equal(now, before, axis, moved, moved)
 
 
-@pytest.mark.parametrize("pinned_like", ["torch", "numpy"])
+@pytest.mark.parametrize("with_buffer", [False, True], ids=["rows-only", "with-a-buffer"])
+@pytest.mark.parametrize("slab_type", ["torch", "numpy"])
 @pytest.mark.parametrize("axis", [0, 1])
-def test_slots_named_by_slab_row_round_trip_beside_buffer_slots(axis: int, pinned_like: str
-                                                                 ) -> None:
+def test_slots_named_by_slab_row_round_trip(axis: int, slab_type: str, with_buffer: bool
+                                            ) -> None:
     """A registered slab (a tensor, or a numpy array as HostSlab.rows() gives without
-    CUDA): copies naming rows by index (plain and numpy ints) in one job with a copy into a
-    separate buffer and a partial copy; each slot matches the oracle, rows no copy names
-    stay untouched, and a load into cleared KV restores every moved block."""
+    CUDA): copies naming rows by index (plain and numpy ints) and a partial copy, alone
+    (the job's addresses computed as arrays) or beside a copy into a separate buffer; each
+    slot matches the oracle, rows no copy names stay untouched, and a load into cleared KV
+    restores every moved block."""
     gen = torch.Generator().manual_seed(11)
     layout = Layout((Group("full", tokens_per_block=4, blocks_per_chunk=3),))
     kv = random_group(2, axis, num_blocks=24, tokens=4, dtype=torch.bfloat16, gen=gen)
     original = snapshot(kv)
     size = engine_for(layout, [kv]).slot_bytes + 64
     rows = allocate_slab(8, size, "cpu").fill_(FILL)
-    registered = rows if pinned_like == "torch" else rows.numpy()
+    registered = rows if slab_type == "torch" else rows.numpy()
     extra = torch.full((size,), FILL, dtype=torch.uint8)
     tables = [([3, 17, 5], 0), ([0, 1, 2], 0), ([19, 8, 11], 0), ([22, 23], 1)]
-    refs = [5, np.int64(2), extra, 7]
-    slots = [rows[5], rows[2], extra, rows[7]]
+    refs = [5, np.int64(2), extra if with_buffer else 3, 7]
+    slots = [rows[5], rows[2], extra if with_buffer else rows[3], rows[7]]
+    untouched = (0, 1, 3, 4, 6) if with_buffer else (0, 1, 4, 6)
     with engine_for(layout, [kv], slab=registered) as engine:
         copies = [ChunkCopy(0, ref, ids, first)
                   for ref, (ids, first) in zip(refs, tables, strict=True)]
@@ -320,11 +323,42 @@ def test_slots_named_by_slab_row_round_trip_beside_buffer_slots(axis: int, pinne
         for slot, copy in zip(slots, copies, strict=True):
             assert torch.equal(slot[: engine.chunk_bytes(0)], expected_slot(kv, 3, copy, FILL))
             assert bool((slot[engine.chunk_bytes(0):] == FILL).all())
-        for untouched in (0, 1, 3, 4, 6):
-            assert bool((rows[untouched] == FILL).all())
+        for row in untouched:
+            assert bool((rows[row] == FILL).all())
         for t in kv.layers:
             t.zero_()
         assert engine.wait(engine.submit_load(copies)).ok
     moved = [b for ids, _ in tables for b in ids]
     for now, before in zip(kv.layers, original, strict=True):
         assert blocks_equal(now, before, axis, moved, moved)
+
+
+def test_a_state_group_and_an_attention_group_share_slab_rows() -> None:
+    """A hybrid layout (full attention + a recurrent state) with its slab registered: one
+    job stores a full chunk and the state after it into two rows named by index (the state
+    slot holds one block, at slot block 0), and loads both back into other blocks."""
+    gen = torch.Generator().manual_seed(13)
+    full = Group("full", 4, 2)
+    state = Group("state", 4, 2, bytes_per_state=3 * 40)
+    kv_full = random_group(2, 1, num_blocks=8, tokens=4, dtype=torch.float16, gen=gen)
+    kv_state = GroupKV(tuple(random_tensor((6, 10, 2), torch.float16, gen) for _ in range(3)))
+    originals = [snapshot(kv_full), snapshot(kv_state)]
+    layout = Layout((full, state))
+    size = engine_for(layout, [kv_full, kv_state]).slot_bytes
+    rows = allocate_slab(4, size, "cpu").fill_(FILL)
+    with engine_for(layout, [kv_full, kv_state], slab=rows) as engine:
+        (run,) = load_set(state, 8)
+        stores = [ChunkCopy(0, 2, (6, 1)), engine.copy_for_run(1, 0, run, [5, 4])]
+        assert stores[1].block_ids == (4,) and stores[1].slot == 0
+        assert engine.wait(engine.submit_store(stores)).ok
+        want = expected_slot(kv_full, 2, stores[0], FILL)
+        assert torch.equal(rows[2][: engine.chunk_bytes(0)], want)
+        assert torch.equal(rows[0][:120], expected_slot(kv_state, 1, stores[1], FILL))
+        assert bool((rows[1] == FILL).all()) and bool((rows[3] == FILL).all())
+        loads = [ChunkCopy(0, 2, (3, 0)), ChunkCopy(1, 0, (1,))]
+        assert engine.wait(engine.submit_load(loads)).ok
+    assert blocks_equal(kv_full.layers[0], originals[0][0], 1, [3, 0], [6, 1])
+    assert blocks_equal(kv_full.layers[1], originals[0][1], 1, [3, 0], [6, 1])
+    for now, before in zip(kv_state.layers, originals[1], strict=True):
+        assert same_bytes(now[1], before[4])
+        assert same_bytes(now[[0, 2, 3, 4, 5]], before[[0, 2, 3, 4, 5]])

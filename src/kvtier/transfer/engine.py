@@ -2,9 +2,10 @@
 
 Protocol::
 
-    engine = TransferEngine(layout, [GroupKV(full_layers), GroupKV(swa_layers)])
+    slab = allocate_slab(1024, layout.max_bytes_per_chunk, "cuda")  # page-locked slots
+    engine = TransferEngine(layout, [GroupKV(full_layers), GroupKV(swa_layers)], slab=slab)
     engine.start()                          # optional: the first submit starts it too
-    job = engine.submit_store([ChunkCopy(0, slab[5], block_ids=(7, 8, 9, 10))])
+    job = engine.submit_store([ChunkCopy(0, 5, block_ids=(7, 8, 9, 10))])  # into slab[5]
     result = engine.wait(job)               # or engine.poll() for every finished job
     assert result.ok
     engine.close()                          # drains queued jobs, stops the workers

@@ -445,18 +445,20 @@ class NativeCopies:
             return
         cursor = np.zeros(1, np.int64)
         grain = max(1, CLAIM_BYTES * len(lengths) // total)  # ranges per claim
+        futures: list[concurrent.futures.Future[None]] = []
         with self._apart(_native.cpu()):
-            futures = [self._pool.submit(copy, dst, src, lengths, cursor, grain)
-                       for _ in range(helpers)]
             try:
+                for _ in range(helpers):
+                    futures.append(self._pool.submit(copy, dst, src, lengths, cursor, grain))
                 copy(dst, src, lengths, cursor, grain)
-            finally:  # never report a job done while a helper still writes
+            finally:  # never report a job done, or failed, while a helper still writes
                 concurrent.futures.wait(futures)
         for future in futures:
             future.result()  # raises what a helper raised
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._apart.clear()
 
 
 class Apart:
@@ -464,32 +466,54 @@ class Apart:
 
     ``with apart(cpu):`` lets every enlisted thread run on any allowed CPU but ``cpu``, and
     on all of them again after; set before the helpers are woken, so the kernel places them
-    elsewhere from the start. Does nothing where thread affinity cannot be set (not Linux),
-    where ``cpu`` is unknown (-1), or where no other CPU is allowed.
-    Example: 2 CPUs, the copying thread on CPU 1: its helper runs on CPU 0 for the job.
+    elsewhere from the start (a thread that enlists meanwhile, a helper starting with the
+    job, moves itself). Does nothing where thread affinity cannot be set (not Linux), where
+    ``cpu`` is unknown (-1), or where no other CPU is allowed. One holder at a time: each
+    mover has one worker thread. Example: 2 CPUs, the copying thread on CPU 1: its helper
+    runs on CPU 0 for the job.
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._threads: list[int] = []  # native thread ids
+        self._cpu = -1  # the CPU kept free while held, else -1
+        self._moved: list[tuple[int, set[int]]] = []  # (thread, its mask before)
 
     def enlist(self) -> None:
         """Called by each helper thread as it starts."""
-        self._threads.append(threading.get_native_id())
+        tid = threading.get_native_id()
+        with self._lock:
+            self._threads.append(tid)
+            if self._cpu >= 0:
+                self._move(tid)
+
+    def clear(self) -> None:
+        """Forget the enlisted threads (they have ended)."""
+        with self._lock:
+            self._threads.clear()
 
     @contextlib.contextmanager
     def __call__(self, cpu: int) -> Iterator[None]:
-        moved: list[tuple[int, set[int]]] = []
-        try:
-            for tid in list(self._threads):
-                allowed = os.sched_getaffinity(tid)
-                if cpu in allowed and len(allowed) > 1:
-                    os.sched_setaffinity(tid, allowed - {cpu})
-                    moved.append((tid, allowed))
-        except (AttributeError, OSError):  # no thread affinity here: copies run as placed
-            pass
+        with self._lock:
+            self._cpu = cpu
+            if cpu >= 0:
+                for tid in self._threads:
+                    self._move(tid)
         try:
             yield
         finally:
+            with self._lock:
+                self._cpu = -1
+                moved, self._moved = self._moved, []
             for tid, allowed in moved:
                 with contextlib.suppress(OSError):
                     os.sched_setaffinity(tid, allowed)
+
+    def _move(self, tid: int) -> None:
+        try:
+            allowed = os.sched_getaffinity(tid)
+            if self._cpu in allowed and len(allowed) > 1:
+                os.sched_setaffinity(tid, allowed - {self._cpu})
+                self._moved.append((tid, allowed))
+        except (AttributeError, OSError):  # no thread affinity here, or the thread is gone
+            pass

@@ -239,7 +239,10 @@ def slot_addresses(
     """
     if slab is not None and all(type(s) is int for s in slots):
         indices = cast("list[int]", list(slots))
-        rows = np.fromiter(indices, np.int64, len(indices))
+        try:
+            rows = np.fromiter(indices, np.int64, len(indices))
+        except OverflowError:  # an index past int64: no row either
+            rows = np.array([r if -1 <= r < slab.shape[0] else -1 for r in indices], np.int64)
         outside = np.flatnonzero((rows < 0) | (rows >= slab.shape[0]))
         if outside.size:
             i = int(outside[0])
@@ -277,7 +280,8 @@ def register_slab(slab: torch.Tensor | np.ndarray, slot_bytes: int) -> torch.Ten
     """The slab copies may name rows of, as a ``[num_slots, row_bytes]`` uint8 CPU tensor.
 
     It must be 2-D, C-contiguous, uint8, writable host memory whose rows hold the layout's
-    largest chunk (``slot_bytes``). Example: ``register_slab(allocate_slab(64, 4096,
+    largest chunk (``slot_bytes``), and stay so (never resized) while the engine lives: row
+    addresses are computed from it. Example: ``register_slab(allocate_slab(64, 4096,
     "cpu"), 4096)``.
     """
     where = "slab registration"
