@@ -248,6 +248,40 @@ def measure(geo: Geometry, order: str, total: int, device: torch.device, flush: 
     return out
 
 
+def plot(figures: dict[str, float], title: str, path: str) -> None:
+    """Store and load ratios of every row as bars (shuffled ids solid, runs hatched), the
+    target as a line; where measured, the ratio against kvtier's streaming copy as dots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
+    names = [g.name for g in GEOMETRIES]
+    width = 0.2
+    for k, (suffix, direction, color) in enumerate((
+            ("", "store", "tab:blue"), ("", "load", "tab:orange"),
+            ("_runs", "store", "tab:blue"), ("_runs", "load", "tab:orange"))):
+        xs = [i + (k - 1.5) * width for i in range(len(names))]
+        ys = [figures[f"{n}{suffix}_{direction}_ratio"] for n in names]
+        ids = "runs" if suffix else "shuffled"
+        ax.bar(xs, ys, width, color=color, alpha=0.5 if suffix else 0.9,
+               hatch="//" if suffix else None, label=f"{direction}, {ids} ids")
+        stream = [figures.get(f"{n}{suffix}_{direction}_ratio_stream") for n in names]
+        if all(v is not None for v in stream):
+            ax.plot(xs, stream, "k.", ms=5,
+                    label="against kvtier's streaming copy" if k == 0 else None)
+    ax.axhline(TARGET, color="red", ls="--", lw=1, label=f"target {TARGET}")
+    ax.set_xticks(range(len(names)), [n.replace("_", " ") for n in names])
+    ax.set_ylabel("contiguous-copy time / job time")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    ax.set_ylim(0, max(1.4, ax.get_ylim()[1]))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -258,6 +292,9 @@ def main() -> None:
                         help="build the jobs' copies once, so that planning reads them cold "
                         "(reused), or after each flush, as an engine builds them just before "
                         "it submits (fresh)")
+    parser.add_argument("--plot", metavar="PNG",
+                        help="also draw the ratios, one bar per row and direction (needs "
+                        "matplotlib: the plot extra)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -288,6 +325,9 @@ def main() -> None:
         print("x: against torch's or numpy's contiguous copy (judged). xs: against a contiguous "
               "copy by kvtier's own streaming-store loop, faster than either (reported).")
     print(f"build: {describe()} (kvtier.buildinfo; README, \"Compiled build\")")
+    if args.plot:
+        plot(figures, f"{describe()} build, {args.mib} MiB jobs on {device}", args.plot)
+        print(f"plot: {args.plot}")
     print(json.dumps({"benchmark": "transfer", "build": describe(), "flush": args.flush,
                       "copies": args.copies,
                       "figures": figures,

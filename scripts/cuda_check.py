@@ -8,8 +8,8 @@ dry run of the script itself. Steps, each printed:
    (fp8 too when torch has it) and fp16 ``[2, num_blocks, ...]``), stored into pinned slab
    slots, their blocks cleared, loaded back (one partial ``first_block`` copy included),
    compared byte for byte (untouched blocks must be unchanged); on consecutive slab rows
-   and on shuffled ones, with shuffled block ids and with consecutive runs of ids (which
-   move as one run per layer);
+   (slot tensors) and on shuffled ones (named by row index of the registered slab), with
+   shuffled block ids and with consecutive runs of ids (which move as one run per layer);
 2. bandwidth: for 16 KiB, 256 KiB and 2 MiB chunks (shuffled block ids, and runs), store
    and load of 256 MiB against a ``copy_`` of the same bytes between the GPU and pinned
    host memory.
@@ -65,13 +65,15 @@ def round_trip(dtype: torch.dtype, shuffle: bool, runs: bool, device: torch.devi
                 block_axis=1),
     ]
     before = [[t.clone() for t in g.layers] for g in kv]
-    with TransferEngine(layout, kv) as engine:
-        slab = allocate_slab(48, engine.slot_bytes, device)
+    slab = allocate_slab(48, TransferEngine(layout, kv).slot_bytes, device)
+    # shuffled slots are named by row index of the registered slab, as the integrations do
+    with TransferEngine(layout, kv, slab=slab) as engine:
         order = torch.randperm(48, generator=gen).tolist() if shuffle else list(range(48))
+        slot = (lambda i: order[i]) if shuffle else (lambda i: slab[order[i]])
         full, swa = chunk_ids(12, 64, 4, runs, gen), chunk_ids(13, 48, 2, runs, gen)
-        copies = [ChunkCopy(0, slab[order[i]], full[i]) for i in range(12)]
-        copies += [ChunkCopy(1, slab[order[12 + i]], swa[i]) for i in range(12)]
-        copies.append(ChunkCopy(1, slab[order[30]], swa[12][1:], first_block=1))
+        copies = [ChunkCopy(0, slot(i), full[i]) for i in range(12)]
+        copies += [ChunkCopy(1, slot(12 + i), swa[i]) for i in range(12)]
+        copies.append(ChunkCopy(1, slot(30), swa[12][1:], first_block=1))
         ok = engine.wait(engine.submit_store(copies)).ok
         for g in range(2):
             clear_blocks(kv[g], [b for c in copies if c.group == g for b in c.block_ids], device)
@@ -109,10 +111,10 @@ def bandwidth(chunk: int, runs: bool, total: int, device: torch.device) -> dict[
     num_blocks = 2 * num_chunks * blocks
     kv = tuple(torch.empty((num_blocks, 2, tokens, 1, width), dtype=torch.bfloat16,
                            device=device).normal_() for _ in range(layers))
-    engine = TransferEngine(Layout((Group("full", tokens, blocks),)), [GroupKV(kv)])
     slab = allocate_slab(num_chunks, chunk, device)
+    engine = TransferEngine(Layout((Group("full", tokens, blocks),)), [GroupKV(kv)], slab=slab)
     ids = chunk_ids(num_chunks, num_blocks, blocks, runs)
-    copies = [ChunkCopy(0, slab[i], ids[i]) for i in range(num_chunks)]
+    copies = [ChunkCopy(0, i, ids[i]) for i in range(num_chunks)]
     dev = torch.empty(total, dtype=torch.uint8, device=device).random_(0, 256)
     host = torch.zeros(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
     with engine:
