@@ -209,7 +209,7 @@ BAD_SLABS: dict[str, tuple[Callable[[], object], str]] = {
                        r"the largest chunk \(1024 bytes\)"),
     "no rows": (lambda: torch.zeros((0, 1024), dtype=torch.uint8), "cannot hold"),
     "read-only numpy": (_read_only_rows, "read-only"),
-    "numpy of floats": (lambda: np.zeros((4, 1024)), "must be uint8, got float64"),
+    "numpy of floats": (lambda: np.zeros((4, 1024)), "2-D contiguous uint8, got float64"),
     "a list": (lambda: [[0] * 1024] * 4, "torch tensor or numpy array, got list"),
 }
 

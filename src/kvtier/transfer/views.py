@@ -284,26 +284,11 @@ def register_slab(slab: torch.Tensor | np.ndarray, slot_bytes: int) -> torch.Ten
     addresses are computed from it. Example: ``register_slab(allocate_slab(64, 4096,
     "cpu"), 4096)``.
     """
-    where = "slab registration"
-    if isinstance(slab, np.ndarray):
-        if not slab.flags.writeable:
-            raise ValueError(f"{where}: the numpy slab is read-only")
-        if slab.dtype != np.uint8:
-            raise ValueError(f"{where}: the slab must be uint8, got {slab.dtype}")
-        slab = torch.from_numpy(slab)
-    if not isinstance(slab, torch.Tensor):
-        raise ValueError(f"{where}: expected a torch tensor or numpy array, "
-                         f"got {type(slab).__name__}")
-    if slab.dtype is not torch.uint8 or slab.dim() != 2 or not slab.is_contiguous():
-        raise ValueError(f"{where}: the slab must be a 2-D contiguous uint8 "
-                         f"[num_slots, slot_bytes] array, got {slab.dtype} with shape "
-                         f"{tuple(slab.shape)}")
-    if not slab.is_cpu:
-        raise ValueError(f"{where}: slots live in host memory, got a slab on {slab.device}")
+    slab = _host_bytes(slab, "slab registration", "slab", 2)
     if slab.shape[0] < 1 or slab.shape[1] < slot_bytes:
-        raise ValueError(f"{where}: rows of {slab.shape[1]} bytes cannot hold the largest "
-                         f"chunk ({slot_bytes} bytes); allocate_slab(n, engine.slot_bytes, "
-                         "device) makes one that fits")
+        raise ValueError(f"slab registration: rows of {slab.shape[1]} bytes cannot hold the "
+                         f"largest chunk ({slot_bytes} bytes); allocate_slab(n, "
+                         "engine.slot_bytes, device) makes one that fits")
     return slab
 
 
@@ -312,25 +297,36 @@ def slot_tensor(slot: Slot, need: int, index: int) -> torch.Tensor:
 
     ``index`` (the copy's place in its job) only goes into error messages: ``copy 3: ...``.
     """
-    if isinstance(slot, np.ndarray):
-        if slot.dtype != np.uint8 or slot.ndim != 1 or not slot.flags.c_contiguous:
-            raise ValueError(f"copy {index}: a numpy slot must be 1-D contiguous uint8, got "
-                             f"{slot.dtype} with shape {slot.shape}")
-        if not slot.flags.writeable:
-            raise ValueError(f"copy {index}: the numpy slot is read-only")
-        slot = torch.from_numpy(slot)
-    if not isinstance(slot, torch.Tensor):
-        raise ValueError(f"copy {index}: a slot must be a torch tensor or numpy array, "
-                         f"got {type(slot).__name__}")
-    if slot.dtype is not torch.uint8 or slot.dim() != 1 or not slot.is_contiguous():
-        raise ValueError(f"copy {index}: a slot must be a 1-D contiguous uint8 tensor, got "
-                         f"{slot.dtype} with shape {tuple(slot.shape)}")
-    if not slot.is_cpu:
-        raise ValueError(f"copy {index}: slots live in host memory, got a slot on {slot.device}")
+    slot = _host_bytes(slot, f"copy {index}", "slot", 1)
     if slot.numel() < need:
         raise ValueError(f"copy {index}: the slot holds {slot.numel()} bytes but the chunk "
                          f"needs {need}")
     return slot
+
+
+def _host_bytes(obj: object, where: str, what: str, ndim: int) -> torch.Tensor:
+    """``obj``, a torch tensor or numpy array, as an ``ndim``-D contiguous uint8 CPU tensor
+    over the same memory (writable, for numpy); ``ValueError`` saying what is wrong else.
+
+    Example: ``_host_bytes(np.zeros(8, np.uint8), "copy 0", "slot", 1)`` is an 8-byte
+    tensor; a float array raises ``copy 0: a slot must be 1-D contiguous uint8, got ...``.
+    """
+    shape_rule = f"a {what} must be {ndim}-D contiguous uint8"
+    if isinstance(obj, np.ndarray):
+        if obj.dtype != np.uint8 or obj.ndim != ndim or not obj.flags.c_contiguous:
+            raise ValueError(f"{where}: {shape_rule}, got {obj.dtype} with shape {obj.shape}")
+        if not obj.flags.writeable:
+            raise ValueError(f"{where}: the numpy {what} is read-only")
+        obj = torch.from_numpy(obj)
+    if not isinstance(obj, torch.Tensor):
+        raise ValueError(f"{where}: a {what} must be a torch tensor or numpy array, "
+                         f"got {type(obj).__name__}")
+    if obj.dtype is not torch.uint8 or obj.dim() != ndim or not obj.is_contiguous():
+        raise ValueError(f"{where}: {shape_rule}, got {obj.dtype} with shape "
+                         f"{tuple(obj.shape)}")
+    if not obj.is_cpu:
+        raise ValueError(f"{where}: {what}s live in host memory, got a {what} on {obj.device}")
+    return obj
 
 
 def allocate_slab(num_slots: int, slot_bytes: int, device: torch.device | str) -> torch.Tensor:
