@@ -268,3 +268,33 @@ def test_copy_helpers_run_off_the_copying_cpu_and_anywhere_after(
     assert len(by_helpers) == 3
     for free, mask in zip(shim.free, by_helpers, strict=True):
         assert mask == allowed - {free}
+
+
+def test_together_returns_or_raises_only_once_every_helper_is_done() -> None:
+    """The calling thread's part fails while a helper still copies: the failure comes out
+    only after the helper finished; a helper's failure comes out after the rest ran."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvtier.transfer.mover import together
+
+    started, done = threading.Event(), []
+
+    def helper() -> None:
+        assert started.wait(timeout=30)
+        done.append("helper")
+
+    def own() -> None:
+        started.set()
+        raise OSError("own part failed")
+
+    with ThreadPoolExecutor(2) as pool:
+        with pytest.raises(OSError, match="own part failed"):
+            together(pool, [helper], own)
+        assert done == ["helper"]
+
+        def failing() -> None:
+            raise ValueError("helper failed")
+
+        with pytest.raises(ValueError, match="helper failed"):
+            together(pool, [failing], lambda: done.append("own"))
+        assert done == ["helper", "own"]

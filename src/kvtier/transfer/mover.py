@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -296,6 +297,23 @@ def _gather(batch: Batch, staged: torch.Tensor) -> None:
         torch.index_select(rows, 0, ids, out=dst)
 
 
+def together(pool: concurrent.futures.Executor, helpers: Sequence[Callable[[], object]],
+             own: Callable[[], object]) -> None:
+    """Runs each of ``helpers`` on ``pool`` and ``own`` here, at once; returns when all are
+    done, raising what any raised. It never returns, nor raises, while a helper still runs
+    (one writing into a job's memory after the job was reported would corrupt it), even
+    when handing one to the pool fails."""
+    futures: list[concurrent.futures.Future[object]] = []
+    try:
+        for helper in helpers:
+            futures.append(pool.submit(helper))
+        own()
+    finally:
+        concurrent.futures.wait(futures)
+    for future in futures:
+        future.result()  # raises what the helper raised
+
+
 class SlotSplit:
     """Runs ``part(lo, hi)`` over a batch's slots ``0..n-1`` split into up to ``threads``
     parts at once: the last part in the calling thread, the others on helper threads (the
@@ -313,13 +331,8 @@ class SlotSplit:
     def run(self, n: int, chunk_bytes: int, part: Callable[[int, int], object]) -> None:
         parts = max(1, min(self._threads, n, n * chunk_bytes // MIN_PART_BYTES))
         edges = [n * k // parts for k in range(parts + 1)]
-        helpers = [self._pool.submit(part, edges[k], edges[k + 1]) for k in range(parts - 1)]
-        try:
-            part(edges[-2], edges[-1])
-        finally:  # never report a job done while a helper still writes
-            concurrent.futures.wait(helpers)
-        for helper in helpers:
-            helper.result()  # raises what the helper raised
+        calls = [functools.partial(part, edges[k], edges[k + 1]) for k in range(parts)]
+        together(self._pool, calls[:-1], calls[-1])
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -445,16 +458,9 @@ class NativeCopies:
             return
         cursor = np.zeros(1, np.int64)
         grain = max(1, CLAIM_BYTES * len(lengths) // total)  # ranges per claim
-        futures: list[concurrent.futures.Future[None]] = []
+        share = functools.partial(copy, dst, src, lengths, cursor, grain)
         with self._apart(_native.cpu()):
-            try:
-                for _ in range(helpers):
-                    futures.append(self._pool.submit(copy, dst, src, lengths, cursor, grain))
-                copy(dst, src, lengths, cursor, grain)
-            finally:  # never report a job done, or failed, while a helper still writes
-                concurrent.futures.wait(futures)
-        for future in futures:
-            future.result()  # raises what a helper raised
+            together(self._pool, [share] * helpers, share)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
