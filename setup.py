@@ -17,7 +17,7 @@ from kvtier_build import compile_requested  # the one reading of KVTIER_COMPILE
 COMPILED = [
     "src/kvtier/boundaries.py",
     "src/kvtier/coverage.py",
-    "src/kvtier/integrations/vllm_plan.py",
+    "src/kvtier/integrations/vllm/scheduler.py",
     "src/kvtier/planner/binding.py",
     "src/kvtier/planner/lookup.py",
     "src/kvtier/planner/planner.py",

@@ -33,7 +33,7 @@ import torch
 
 from kvtier.buildinfo import describe
 from kvtier.engine import Engine, EngineConfig, GroupSpec
-from kvtier.integrations.engine import KvtierOffloader
+from kvtier.integrations.reference import KvtierOffloader
 
 TTFT_TARGET = 0.2
 DECODE_TARGET = 0.97

@@ -52,7 +52,7 @@ from typing import Any
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
 from kvtier.buildinfo import describe
-from kvtier.integrations.vllm_sim import SimGroup, VllmSim
+from kvtier.integrations.vllm.testing import SimGroup, VllmSim
 
 CHUNK = 64
 HOST_BYTES = 256 << 20
@@ -79,7 +79,7 @@ def native_report(meta: Any) -> tuple[KVConnectorOutput, int]:
 
 
 def kvtier_report(meta: Any) -> tuple[KVConnectorOutput, int]:
-    from kvtier.integrations.vllm_connector import KvtierWorkerMetadata
+    from kvtier.integrations.vllm.connector import KvtierWorkerMetadata
 
     plan = meta.plan
     done = {job.id: (1, True) for job in [*plan.loads, *plan.stores]}

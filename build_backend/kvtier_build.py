@@ -15,7 +15,10 @@ from typing import Any
 
 from setuptools.build_meta import *  # noqa: F403  (the PEP 517 hooks we do not change)
 
-MYPYC = "mypy>=1.10"
+MYPYC = ["mypy>=1.10,<2", "numpy>=1.24"]
+"""What a compiled build adds to the isolated build environment: mypy (which carries mypyc)
+and numpy, whose type stubs mypyc needs to check the modules that name numpy types (without
+it ``npt.NDArray`` is unknown and the build fails while preparing metadata)."""
 
 
 def compile_requested() -> bool:
@@ -23,7 +26,7 @@ def compile_requested() -> bool:
 
 
 def _extra() -> list[str]:
-    return [MYPYC] if compile_requested() else []
+    return list(MYPYC) if compile_requested() else []
 
 
 # setuptools' own hooks would run setup.py to ask, and setup.py imports mypyc when a compiled

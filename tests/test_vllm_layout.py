@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from kvtier import coverage
-from kvtier.integrations.vllm_layout import UnsupportedConfig, VllmSpecDecode, vllm_layout
-from kvtier.integrations.vllm_options import KvtierOptions
-from kvtier.integrations.vllm_plan import ConnectorScheduler, StepRequest
+from kvtier.integrations.vllm.config import KvtierOptions
+from kvtier.integrations.vllm.layout import UnsupportedConfig, VllmSpecDecode, vllm_layout
+from kvtier.integrations.vllm.scheduler import ConnectorScheduler, StepRequest
 
 
 def spec(name: str, block: int = 16, page: int = 1024, **fields: object) -> object:

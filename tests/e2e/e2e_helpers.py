@@ -12,7 +12,7 @@ import torch
 
 from kvtier import coverage
 from kvtier.engine import Completion, Engine, EngineConfig, GroupSpec
-from kvtier.integrations.engine import KvtierOffloader
+from kvtier.integrations.reference import KvtierOffloader
 from kvtier.transfer import ChunkCopy
 
 HOST_BYTES = 8 << 20

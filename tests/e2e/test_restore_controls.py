@@ -19,7 +19,7 @@ from e2e_helpers import (
 )
 
 from kvtier.engine import Engine
-from kvtier.integrations.engine import KvtierOffloader
+from kvtier.integrations.reference import KvtierOffloader
 from kvtier.keys import KeyChain
 from kvtier.transfer import ChunkCopy
 

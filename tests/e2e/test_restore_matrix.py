@@ -25,7 +25,7 @@ from e2e_helpers import (
 )
 
 from kvtier.engine import Engine
-from kvtier.integrations.engine import KvtierOffloader
+from kvtier.integrations.reference import KvtierOffloader
 
 CASES = [(name, n) for name, make in LAYOUTS.items() for n in edge_lengths(make())]
 

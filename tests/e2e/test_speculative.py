@@ -1,6 +1,6 @@
 """Speculative decoding end to end: MTP and EAGLE restored through the real offloader.
 
-Draft groups have a lookahead and a recomputed tail (``kvtier.engine.spec_config``): a hit
+Draft groups have a lookahead and a recomputed tail (``kvtier.engine.speculative_config``): a hit
 at ``b`` restores target groups to ``b``, draft groups to their restore point (the last
 chunk keyed by tokens before ``b``), and the ``hidden`` state block of ``[b - T, b)`` from
 which the engine recomputes the draft tail.
@@ -15,8 +15,8 @@ from e2e_helpers import HOST_BYTES, expected_hit, prompt
 
 from kvtier import coverage
 from kvtier.engine import Completion, Engine, EngineConfig, GroupSpec
-from kvtier.engine.spec_config import SpeculativeConfig
-from kvtier.integrations.engine import KvtierOffloader
+from kvtier.engine.speculative_config import SpeculativeConfig
+from kvtier.integrations.reference import KvtierOffloader
 from kvtier.planner import Planner, TransferJob
 
 Loads = dict[str, list[int]]

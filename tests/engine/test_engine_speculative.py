@@ -7,7 +7,7 @@ import torch
 from engine_doubles import prompt
 
 from kvtier.engine import Engine, EngineConfig, GroupSpec, reference_generate
-from kvtier.engine.spec_config import SpeculativeConfig
+from kvtier.engine.speculative_config import SpeculativeConfig
 
 SPECS = [SpeculativeConfig("mtp", 1, 1), SpeculativeConfig("mtp", 4, 2),
          SpeculativeConfig("mtp", 3, 3), SpeculativeConfig("eagle", 2),

@@ -225,10 +225,10 @@ def test_bad_calls():
 
 
 def test_planner_drives_any_store_of_the_protocol(tmp_path):
-    from kvtier.config import DiskConfig, HostConfig, TierConfig
     from kvtier.store import ChunkStore
-    from kvtier.store.hierarchy import TieredStore
+    from kvtier.store.config import DiskConfig, HostConfig, TierConfig
     from kvtier.store.protocol import StoreProtocol
+    from kvtier.store.tiered import TieredStore
 
     layout = Layout((Group("full", 16, bytes_per_token=4),))
     assert isinstance(ChunkStore(4), StoreProtocol)

@@ -24,8 +24,8 @@ import pytest
 
 from kvtier.cli.main import main
 from kvtier.presets import preset
-from kvtier.replay import ReplayConfig, ReplayStats, Workload, bytes_tiers, read_trace, replay
-from kvtier.replay.bytes_tiers import BytesOptions, replay_bytes
+from kvtier.replay import ReplayConfig, ReplayStats, Workload, bytes_store, read_trace, replay
+from kvtier.replay.bytes_store import BytesOptions, replay_bytes
 
 PREFIX, HOST = 300, 300
 
@@ -184,5 +184,5 @@ def test_bad_arguments_exit_2_with_one_line(
 
 
 def test_doctests() -> None:
-    result = doctest.testmod(bytes_tiers)
+    result = doctest.testmod(bytes_store)
     assert result.failed == 0 and result.attempted > 0

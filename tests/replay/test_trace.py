@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from oracles import simple_infinite
 
-from kvtier.replay import spec, synth, tiers, timing, trace
+from kvtier.replay import metadata, options, synth, timing, trace
 from kvtier.replay.trace import TraceError, TraceRequest, parse_lines, read_trace, write_trace
 
 GOOD = {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}
@@ -88,7 +88,7 @@ def test_other_block_sizes() -> None:
         1, 2, 3, 4, 5)
 
 
-@pytest.mark.parametrize("module", [trace, spec, synth, tiers, timing])
+@pytest.mark.parametrize("module", [trace, options, synth, metadata, timing])
 def test_doctests(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
     assert result.failed == 0 and result.attempted > 0

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from tier_helpers import SLOT
 
-from kvtier.config import DiskConfig, HostConfig, RedisConfig, TierConfig, parse_size
 from kvtier.layout import Group, Layout
+from kvtier.store.config import DiskConfig, HostConfig, RedisConfig, TierConfig, parse_size
 from kvtier.store.disk import DiskTier
-from kvtier.store.hierarchy import TieredStore
 from kvtier.store.remote import RedisTier
+from kvtier.store.tiered import TieredStore
 
 TOML = """
 write_policy = "write-through"

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from tier_helpers import GEOMETRY, SLOT, Clock, ControlledWriter, key, payload
 
-from kvtier.config import WritePolicy
 from kvtier.keys import ChunkKey
 from kvtier.store import ChunkState, ChunkStore, HostSlab, StoreHandle
+from kvtier.store.config import WritePolicy
 from kvtier.store.disk import DiskTier
-from kvtier.store.hierarchy import TieredStore
 from kvtier.store.lower import LowerTier
 from kvtier.store.record import HEADER_BYTES
 from kvtier.store.remote import RedisTier
+from kvtier.store.tiered import TieredStore
 
 A, W, R = ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY
 Stack = Callable[..., TieredStore]

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from tier_helpers import SLOT, Clock, payload
 
-from kvtier.config import DiskConfig, HostConfig, TierConfig
 from kvtier.keys import Namespace
 from kvtier.layout import Group, Layout
 from kvtier.planner import Outcome, Planner, TransferJob
-from kvtier.store.hierarchy import TieredStore
+from kvtier.store.config import DiskConfig, HostConfig, TierConfig
+from kvtier.store.tiered import TieredStore
 
 LAYOUT = Layout((Group("full", 16, bytes_per_token=SLOT // 16),))
 

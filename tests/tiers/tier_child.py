@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 from tier_helpers import GEOMETRY, SLOT, items, key, payload
 
+from kvtier.store.backend import BytesLike
 from kvtier.store.disk import DiskTier, write_all
 from kvtier.store.remote import RedisTier
-from kvtier.store.tier import BytesLike
 
 
 def stall_halfway(fd: int, buffers: Sequence[BytesLike]) -> None:

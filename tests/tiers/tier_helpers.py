@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtier.keys import ChunkKey
+from kvtier.store.backend import BytesLike
 from kvtier.store.disk import write_all
 from kvtier.store.lower import LowerTier
-from kvtier.store.tier import BytesLike
 
 SLOT = 4096
 GEOMETRY = b"testgeo1"

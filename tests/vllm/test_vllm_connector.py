@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("vllm.config", reason="needs vLLM 0.33: scripts/install_vllm_test_env.sh")
 from vllm_helpers import chunks, make_sim, metrics, produce_then_consume, required, scheduled
 
-from kvtier.integrations.vllm_sim import SimGroup, SpecStandIn, VllmSim
+from kvtier.integrations.vllm.testing import SimGroup, SpecStandIn, VllmSim
 
 pytestmark = pytest.mark.vllm
 

@@ -23,7 +23,7 @@ from vllm_helpers import (
     scheduled,
 )
 
-from kvtier.integrations.vllm_sim import SimGroup, SpecStandIn
+from kvtier.integrations.vllm.testing import SimGroup, SpecStandIn
 
 pytestmark = pytest.mark.vllm
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier import coverage
-from kvtier.integrations.vllm_sim import SimGroup, SpecStandIn, VllmSim
+from kvtier.integrations.vllm.testing import SimGroup, SpecStandIn, VllmSim
 
 
 def make_sim(groups: list[SimGroup], chunk_tokens: int, *, spec: SpecStandIn | None = None,

@@ -40,7 +40,7 @@ from kvtier.cli.main import Command
 
 if TYPE_CHECKING:
     from kvtier.engine import Completion, Engine, EngineConfig, GroupSpec
-    from kvtier.integrations.engine import KvtierOffloader
+    from kvtier.integrations.reference import KvtierOffloader
 
 MAX_CONVERSATION_TOKENS = 16384
 """The longest conversation the demo runs (turns x (user tokens + answer tokens))."""
@@ -131,7 +131,7 @@ def speculative_from_args(args: argparse.Namespace) -> Any:
     """The engine's ``SpeculativeConfig`` for ``--speculative``, or None."""
     if args.speculative == "none":
         return None
-    from kvtier.engine.spec_config import SpeculativeConfig
+    from kvtier.engine.speculative_config import SpeculativeConfig
 
     modules = args.mtp_modules if args.speculative == "mtp" else 1
     try:
@@ -198,7 +198,7 @@ def converse(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from kvtier.engine import Engine
-    from kvtier.integrations.engine import KvtierOffloader
+    from kvtier.integrations.reference import KvtierOffloader
 
     total = args.turns * (args.user_tokens + args.tokens)
     if total > MAX_CONVERSATION_TOKENS:

@@ -41,8 +41,17 @@ def _commands() -> list[Command]:
     return found
 
 
+def version_line() -> str:
+    """``kvtier 0.1.0 (mypyc, native C loops)``: the version and which build runs."""
+    from kvtier import __version__, buildinfo
+
+    return f"kvtier {__version__} ({buildinfo.describe()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvtier", description="A tiered KV cache for LLM serving.")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print kvtier's version and build (pure or mypyc, native C) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for cmd in _commands():
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)

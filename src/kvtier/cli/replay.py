@@ -25,12 +25,12 @@ from kvtier.cli.common import (
 )
 from kvtier.cli.main import Command
 from kvtier.layout import Layout
-from kvtier.replay.bytes_tiers import BytesOptions, check_options, replay_bytes
+from kvtier.replay.bytes_store import BytesOptions, check_options, replay_bytes
 from kvtier.replay.concurrent import replay_concurrent
+from kvtier.replay.driver import ReplayConfig, Workload, replay
 from kvtier.replay.policies import compared_policies, known_policy
 from kvtier.replay.progress import progress_bar
 from kvtier.replay.refs import STORE_SCOPES
-from kvtier.replay.sim import ReplayConfig, Workload, replay
 from kvtier.replay.stats import ReplayStats
 from kvtier.replay.sweep import default_capacities, run_sweep, write_outputs
 from kvtier.replay.synth import SynthConfig, generate

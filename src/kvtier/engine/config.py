@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from kvtier.engine.spec_config import SpeculativeConfig, speculative_layout
+from kvtier.engine.speculative_config import SpeculativeConfig, speculative_layout
 from kvtier.layout import Group, Layout
 
 AttentionKind = Literal["full", "sliding_window", "chunked_local"]
@@ -126,7 +126,7 @@ class EngineConfig:
     hit_granularity: int = 0
     """Passed to the layout; 0 means the lcm of the groups' ``tokens_per_chunk``."""
     speculative: SpeculativeConfig | None = None
-    """Draft modules for speculative decoding (``kvtier.engine.spec_config``); None: off."""
+    """Draft modules for speculative decoding (``kvtier.engine.speculative_config``); None: off."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple):
@@ -206,7 +206,7 @@ class EngineConfig:
         """The kvtier ``Layout`` of this model, group for group, with sizes filled in.
 
         With ``speculative`` set, the target's groups are followed by one group per draft
-        module and the ``hidden`` state group (``kvtier.engine.spec_config``).
+        module and the ``hidden`` state group (``kvtier.engine.speculative_config``).
         """
         groups = tuple(
             spec.to_group(self.bytes_per_token(i), name=f"g{i}-{spec.kind}")

@@ -2,22 +2,22 @@
 
 from kvtier.planner.planner import BlockTable, Planner
 from kvtier.planner.types import (
-    ChunkCopy,
     LoadResult,
     Lookup,
     Metrics,
     Outcome,
+    PlannedCopy,
     RequestLimits,
     TransferJob,
 )
 
 __all__ = [
     "BlockTable",
-    "ChunkCopy",
     "LoadResult",
     "Lookup",
     "Metrics",
     "Outcome",
+    "PlannedCopy",
     "Planner",
     "RequestLimits",
     "TransferJob",

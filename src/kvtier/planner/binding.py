@@ -16,7 +16,7 @@ from kvtier import coverage
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner.requests import RequestState, block_ids_at
-from kvtier.planner.types import ChunkCopy, TransferJob
+from kvtier.planner.types import PlannedCopy, TransferJob
 from kvtier.store.results import StoreHandle
 
 BlockTable = Sequence[Sequence[int | None]]
@@ -83,12 +83,12 @@ class ChunkBinder:
         ]
 
     @staticmethod
-    def copies(handle: StoreHandle, by_key: dict[ChunkKey, LiveChunk]) -> tuple[ChunkCopy, ...]:
+    def copies(handle: StoreHandle, by_key: dict[ChunkKey, LiveChunk]) -> tuple[PlannedCopy, ...]:
         """One copy per key the store reserved a slot for."""
         out = []
         for k, slot in zip(handle.keys, handle.slots, strict=True):
             c = by_key[k]
-            out.append(ChunkCopy(c.group, c.chunk, k, slot, c.block_ids, c.first_block))
+            out.append(PlannedCopy(c.group, c.chunk, k, slot, c.block_ids, c.first_block))
         return tuple(out)
 
 

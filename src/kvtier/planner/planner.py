@@ -39,11 +39,11 @@ from kvtier.planner.lookup import assess, candidate_boundaries, hit_keys, ready_
 from kvtier.planner.requests import PendingHit, RequestState, load_block_ids
 from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
-    ChunkCopy,
     LoadResult,
     Lookup,
     Metrics,
     Outcome,
+    PlannedCopy,
     RequestLimits,
     TransferJob,
 )
@@ -222,7 +222,7 @@ class Planner:
                     hit.keys[gi], strict=True,
                 ):
                     ids = load_block_ids(block_table, gi, group, run, request_id)
-                    copies.append(ChunkCopy(gi, run.chunk, key, slots[key], ids, run.first_block))
+                    copies.append(PlannedCopy(gi, run.chunk, key, slots[key], ids, run.first_block))
             job = TransferJob(next(self._ids), request_id, "load", tuple(copies))
             hit.job_id = job.id
             self._jobs[job.id] = (job, hit.handle)
@@ -276,7 +276,7 @@ class Planner:
         self._count(req, "bytes_loaded", self._bytes(job.copies))
         return LoadResult(req.request_id, True, hit.lookup.hit_tokens)
 
-    def _bytes(self, copies: Iterable[ChunkCopy]) -> int:
+    def _bytes(self, copies: Iterable[PlannedCopy]) -> int:
         return sum(self.layout.groups[c.group].bytes_per_chunk or 0 for c in copies)
 
     def _take_job(

@@ -44,7 +44,7 @@ class Lookup:
 
 
 @dataclass(frozen=True, slots=True)
-class ChunkCopy:
+class PlannedCopy:
     """One chunk's bytes between tier slot ``slot`` and engine blocks.
 
     ``block_ids[i]`` is chunk-relative block ``first_block + i`` of chunk ``chunk`` of group
@@ -67,7 +67,7 @@ class TransferJob:
     id: int
     request_id: str
     direction: Literal["load", "store"]
-    copies: tuple[ChunkCopy, ...]
+    copies: tuple[PlannedCopy, ...]
 
 
 @dataclass(frozen=True)

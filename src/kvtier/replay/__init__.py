@@ -10,7 +10,7 @@
 * ``sweep``: hit rate against capacity, as CSV, JSON and a plot.
 """
 
-from kvtier.replay.sim import ReplayConfig, Workload, replay
+from kvtier.replay.driver import ReplayConfig, Workload, replay
 from kvtier.replay.stats import ReplayStats
 from kvtier.replay.timing import TimingModel
 from kvtier.replay.trace import TraceError, TraceRequest, read_trace

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvtier.replay.sim import Driver, Workload, make_store
+from kvtier.replay.driver import Driver, Workload, make_store
 from kvtier.replay.stats import ReplayStats
 
 

@@ -73,7 +73,7 @@ class ReplayStats:
     """Sum over requests of the modelled TTFT with the cache."""
     wall_s: float = 0.0
     tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """``--bytes`` only: per tier, the real store's counters (``bytes_tiers.tier_report``)."""
+    """``--bytes`` only: per tier, the real store's counters (``bytes_store.tier_report``)."""
     verified_chunks: int = 0
     """``--bytes``: loaded chunks whose host slot read back exactly the bytes stored."""
     corrupt_chunks: int = 0

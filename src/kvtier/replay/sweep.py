@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvtier.replay.driver import Workload, replay
 from kvtier.replay.policies import INFINITE
-from kvtier.replay.sim import Workload, replay
 from kvtier.replay.stats import ReplayStats
 
 Runner = Callable[[Workload, str, int, int], ReplayStats]

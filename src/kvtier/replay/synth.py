@@ -24,7 +24,7 @@ import random
 from collections.abc import Hashable
 from dataclasses import dataclass, fields
 
-from kvtier.replay.spec import parse_spec
+from kvtier.replay.options import parse_options
 from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest
 
 _RATES = ("arrival_rate_per_s", "decode_tokens_per_s")
@@ -73,7 +73,7 @@ class SynthConfig:
     @classmethod
     def parse(cls, text: str) -> SynthConfig:
         """``"users=100,turns=8"``; unknown keys are rejected with the known ones."""
-        return parse_spec(cls, text, "synthetic")
+        return parse_options(cls, text, "synthetic")
 
 
 class _Ids:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from kvtier.replay.spec import parse_spec
+from kvtier.replay.options import parse_options
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class TimingModel:
     @classmethod
     def parse(cls, text: str) -> TimingModel:
         """``"prefill_tokens_per_s=8000,host_gb_per_s=50"``; unknown keys are rejected."""
-        return parse_spec(cls, text, "timing")
+        return parse_options(cls, text, "timing")
 
     def prefill_s(self, tokens: int) -> float:
         return tokens / self.prefill_tokens_per_s

@@ -3,10 +3,11 @@
 * ``ChunkStore`` (``manager``): the paired protocol, chunk states, accounting, the one
   eviction loop and the one lock.
 * ``Policy`` and ``POLICIES`` / ``make_policy`` (``policies``): LRU, ARC, S3-FIFO, Belady.
-* ``SlotBackend`` (``tier``): what a tier gives the manager; ``HostSlab`` (``host``), the
+* ``SlotBackend`` (``backend``): what a tier gives the manager; ``HostSlab`` (``host``), the
   host-memory tier.
 """
 
+from kvtier.store.backend import SlotAllocator, SlotBackend, ZeroCopyBackend
 from kvtier.store.host import HostSlab, slots_for_capacity
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import (
@@ -32,7 +33,6 @@ from kvtier.store.results import (
     StoreRefusal,
     checked_keys,
 )
-from kvtier.store.tier import SlotAllocator, SlotBackend, ZeroCopyBackend
 
 __all__ = [
     "ARC",

@@ -49,13 +49,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from kvtier.keys import ChunkKey
+from kvtier.store.backend import BytesLike
 from kvtier.store.host import slots_for_capacity
 from kvtier.store.lower import AsyncTwins, Demote, Item, TierStats, Workers
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
 from kvtier.store.record import HEADER_BYTES, RecordError, decode, encode
 from kvtier.store.results import KEY_BYTES, EventKind, StoreEvent, StoreHandle, StoreRefusal
-from kvtier.store.tier import BytesLike
 
 Writer = Callable[[int, Sequence[BytesLike]], None]
 """Writes buffers, in order, to an open file descriptor (a seam for fault tests)."""

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier.layout import Layout
-from kvtier.store.tier import BytesLike
+from kvtier.store.backend import BytesLike
 
 if TYPE_CHECKING:
     import torch

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from kvtier.keys import ChunkKey
-from kvtier.store.tier import BytesLike
+from kvtier.store.backend import BytesLike
 
 T = TypeVar("T")
 Item = tuple[ChunkKey, BytesLike]

@@ -64,6 +64,7 @@ from mypy_extensions import mypyc_attr
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
+from kvtier.store.backend import SlotAllocator, SlotBackend
 from kvtier.store.host import HostSlab
 from kvtier.store.policies import Policy, make_policy
 from kvtier.store.results import (
@@ -78,7 +79,6 @@ from kvtier.store.results import (
     Subscriber,
     checked_keys,
 )
-from kvtier.store.tier import SlotAllocator, SlotBackend
 
 _ABSENT, _WRITING, _READY, _PINNED = (
     ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY, ChunkState.PINNED,

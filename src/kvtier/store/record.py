@@ -39,8 +39,8 @@ import zlib
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
+from kvtier.store.backend import BytesLike
 from kvtier.store.results import KEY_BYTES
-from kvtier.store.tier import BytesLike
 
 MAGIC = b"KVTR"
 VERSION = 1

@@ -1,13 +1,13 @@
 """The data plane: moves chunks between an engine's KV tensors and host slots.
 
 Needs torch (the ``torch`` extra); nothing outside ``kvtier.transfer`` imports torch.
-See :mod:`kvtier.transfer.spec` for the slot byte layout and :mod:`kvtier.transfer.engine`
+See :mod:`kvtier.transfer.copies` for the slot byte layout and :mod:`kvtier.transfer.jobs`
 for the job protocol.
 """
 
-from kvtier.transfer.engine import DEFAULT_STAGING_BYTES, TransferEngine
+from kvtier.transfer.copies import ChunkCopy, Direction, GroupKV, JobResult, Slot, SlotRef
+from kvtier.transfer.jobs import DEFAULT_STAGING_BYTES, TransferEngine
 from kvtier.transfer.mover import FaultHook
-from kvtier.transfer.spec import ChunkCopy, Direction, GroupKV, JobResult, Slot, SlotRef
 from kvtier.transfer.views import allocate_slab
 
 __all__ = [

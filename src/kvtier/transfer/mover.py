@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvtier.transfer.copies import ChunkCopy
 from kvtier.transfer.plan import Batch
-from kvtier.transfer.spec import ChunkCopy
 from kvtier.transfer.views import Piece
 
 try:  # the compiled build's batched memcpy (setup.py, NATIVE)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvtier.transfer.spec import ChunkCopy, Direction
+from kvtier.transfer.copies import ChunkCopy, Direction
 from kvtier.transfer.views import GroupView, slot_addresses
 
 _GROUP = operator.attrgetter("group")

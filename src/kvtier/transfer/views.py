@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from kvtier.layout import Group, Layout
-from kvtier.transfer.spec import GroupKV, Slot, SlotRef
+from kvtier.transfer.copies import GroupKV, Slot, SlotRef
 
 _WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 

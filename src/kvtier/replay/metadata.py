@@ -1,6 +1,6 @@
 """Host memory over an optional disk tier, metadata only, for the replay.
 
-``kvtier.store.hierarchy.TieredStore`` moves real bytes through real disk files; a
+``kvtier.store.tiered.TieredStore`` moves real bytes through real disk files; a
 capacity-planning replay of hundreds of thousands of multi-megabyte chunks needs only
 where each chunk is. ``MetadataTiers`` is a ``ChunkStore`` (the host tier, evicting by the
 chosen policy) that follows the same rules as ``TieredStore`` with ``write-back``:
@@ -39,7 +39,7 @@ HOST, DISK, REDIS = "host", "disk", "redis"
 
 class ReplayStore(StoreProtocol, Protocol):
     """What the replay's driver needs of its store beyond the planner's protocol:
-    ``MetadataTiers`` here, ``kvtier.replay.bytes_tiers.BytesTiers`` with ``--bytes``."""
+    ``MetadataTiers`` here, ``kvtier.replay.bytes_store.BytesTiers`` with ``--bytes``."""
 
     policy: Policy
     promoted: dict[ChunkKey, str]

@@ -44,9 +44,10 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, wait
 from typing import Any, get_args
 
-from kvtier.config import DiskConfig, RedisConfig, TierConfig, WritePolicy
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
+from kvtier.store.backend import SlotBackend
+from kvtier.store.config import DiskConfig, RedisConfig, TierConfig, WritePolicy
 from kvtier.store.disk import DiskTier
 from kvtier.store.lower import Item, LowerTier, TierStats
 from kvtier.store.manager import ChunkStore, checked_keys
@@ -61,7 +62,6 @@ from kvtier.store.results import (
     StoreRefusal,
     Subscriber,
 )
-from kvtier.store.tier import SlotBackend
 
 WRITE_POLICIES: tuple[str, ...] = get_args(WritePolicy)
 _log = logging.getLogger(__name__)

@@ -36,9 +36,9 @@ import torch
 
 from kvtier.coverage import BlockRun
 from kvtier.layout import Layout
+from kvtier.transfer.copies import ChunkCopy, Direction, GroupKV, JobResult, SlotRef, as_copies
 from kvtier.transfer.mover import FaultHook, Mover
 from kvtier.transfer.plan import Batch, plan_job
-from kvtier.transfer.spec import ChunkCopy, Direction, GroupKV, JobResult, SlotRef, as_copies
 from kvtier.transfer.views import build_views, register_slab
 
 DEFAULT_STAGING_BYTES = 4 << 20

@@ -2,8 +2,8 @@
 
 This module imports vLLM; ``kvtier.integrations.vllm`` loads it only when vLLM asks for
 the connector class. It is a thin shell: the scheduler half is ``ConnectorScheduler``
-(``vllm_plan``), the worker half ``ConnectorWorker`` (``vllm_worker``), the layout comes
-from ``vllm_layout`` and the options from ``vllm_options``. Methods here only translate
+(``scheduler``), the worker half ``ConnectorWorker`` (``worker``), the layout comes
+from ``layout`` and the options from ``config``. Methods here only translate
 vLLM's objects into plain data and back.
 """
 
@@ -24,9 +24,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from kvtier.integrations.vllm_config import connector_setup
-from kvtier.integrations.vllm_plan import ConnectorScheduler, StepPlan, StepRequest
-from kvtier.integrations.vllm_worker import ConnectorWorker
+from kvtier.integrations.vllm.config import connector_setup
+from kvtier.integrations.vllm.scheduler import ConnectorScheduler, StepPlan, StepRequest
+from kvtier.integrations.vllm.worker import ConnectorWorker
 from kvtier.store.results import EventKind
 
 if TYPE_CHECKING:

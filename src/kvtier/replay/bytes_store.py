@@ -1,6 +1,6 @@
 """``kvtier replay --bytes``: the replay over a real ``TieredStore``, moving real bytes.
 
-The metadata replay (``tiers.MetadataTiers``) knows where each chunk is; this one also
+The metadata replay (``metadata.MetadataTiers``) knows where each chunk is; this one also
 moves and checks its bytes through kvtier's real tiers: a ``HostSlab`` of real slots under
 the host ``ChunkStore``, a ``DiskTier`` of checksummed files in a directory, a
 ``RedisTier`` on a server. The planner and the driver (``sim.Driver``) are the same.
@@ -46,19 +46,19 @@ from typing import Any
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner import TransferJob
+from kvtier.replay.driver import Driver, Workload
+from kvtier.replay.metadata import DISK, HOST, REDIS
 from kvtier.replay.policies import INFINITE, build_policy
-from kvtier.replay.sim import Driver, Workload
 from kvtier.replay.stats import ReplayStats
-from kvtier.replay.tiers import DISK, HOST, REDIS
 from kvtier.store import ChunkState, ChunkStore, LoadHandle, Policy, StoreHandle, StoreRefusal
 from kvtier.store.disk import DiskTier
-from kvtier.store.hierarchy import TieredStore
 from kvtier.store.host import HostSlab
 from kvtier.store.lower import LowerTier
 from kvtier.store.manager import checked_keys
 from kvtier.store.record import HEADER_BYTES, geometry_of
 from kvtier.store.remote import RedisTier
 from kvtier.store.results import Subscriber
+from kvtier.store.tiered import TieredStore
 
 REQUEST_S = 1.0
 """Virtual seconds between two requests."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtier.integrations.vllm_layout import UnsupportedConfig, VllmSpecDecode, vllm_layout
-from kvtier.integrations.vllm_options import KvtierOptions
+from kvtier.integrations.vllm.config import KvtierOptions
+from kvtier.integrations.vllm.layout import UnsupportedConfig, VllmSpecDecode, vllm_layout
 
 __all__ = ["KvtierOptions", "UnsupportedConfig", "VllmSpecDecode", "vllm_layout"]
 """Importable without vLLM; ``KvtierConnector`` and its metadata classes load lazily."""
@@ -26,10 +26,10 @@ def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        from kvtier.integrations import vllm_connector
+        from kvtier.integrations.vllm import connector
     except ImportError as exc:
         raise ImportError(
             f"kvtier's {name} needs vLLM (tested with vllm==0.33.0), which could not be "
             f"imported: {exc}. Install vLLM, or see scripts/install_vllm_test_env.sh"
         ) from exc
-    return getattr(vllm_connector, name)
+    return getattr(connector, name)

@@ -27,7 +27,7 @@ from typing import Literal
 
 import torch
 
-from kvtier.integrations.vllm_plan import StepPlan
+from kvtier.integrations.vllm.scheduler import StepPlan
 from kvtier.layout import Layout
 from kvtier.planner import TransferJob
 from kvtier.store.host import HostSlab

@@ -5,9 +5,9 @@
 ... class C:
 ...     a: float = 1.0
 ...     n: int = 2
->>> parse_spec(C, "a=2.5, n=3", "demo")
+>>> parse_options(C, "a=2.5, n=3", "demo")
 C(a=2.5, n=3)
->>> parse_spec(C, "b=1", "demo")
+>>> parse_options(C, "b=1", "demo")
 Traceback (most recent call last):
 ...
 ValueError: demo: 'b=1' is not key=value with a key among ['a', 'n']
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def parse_spec(cls: type[T], text: str, where: str) -> T:
+def parse_options(cls: type[T], text: str, where: str) -> T:
     """Build ``cls`` from ``text``; unknown keys and non-numbers are rejected."""
     kinds = {f.name: f.type for f in fields(cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}

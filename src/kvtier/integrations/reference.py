@@ -67,8 +67,7 @@ from kvtier.engine.config import EngineConfig
 from kvtier.engine.request import BlockIds, BlockTables, Request
 from kvtier.keys import Namespace
 from kvtier.layout import Layout
-from kvtier.planner import ChunkCopy as PlannedCopy
-from kvtier.planner import Metrics, Outcome, Planner, RequestLimits, TransferJob
+from kvtier.planner import Metrics, Outcome, PlannedCopy, Planner, RequestLimits, TransferJob
 from kvtier.store import ChunkStore, ZeroCopyBackend
 from kvtier.transfer import (
     DEFAULT_STAGING_BYTES,

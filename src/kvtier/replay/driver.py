@@ -32,6 +32,7 @@ from kvtier.boundaries import BoundaryMode
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
+from kvtier.replay.metadata import DISK, HOST, MetadataTiers, ReplayStore
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
 from kvtier.replay.refs import (
     RequestRefs,
@@ -41,7 +42,6 @@ from kvtier.replay.refs import (
     token_stream,
 )
 from kvtier.replay.stats import GroupCounts, ReplayStats
-from kvtier.replay.tiers import DISK, HOST, MetadataTiers, ReplayStore
 from kvtier.replay.timing import TimingModel
 from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest
 
@@ -106,7 +106,7 @@ def replay(
 
 
 class DataPlane(Protocol):
-    """What moves bytes for the planner's jobs (``--bytes``: ``kvtier.replay.bytes_tiers``);
+    """What moves bytes for the planner's jobs (``--bytes``: ``kvtier.replay.bytes_store``);
     a metadata replay has none."""
 
     def store(self, job: TransferJob) -> None:
