@@ -141,3 +141,18 @@ def test_first_boundary_store_horizon_and_dense_chunks():
     assert coverage.dense_chunks(layout.groups[1], 33) == 2
     assert coverage.dense_chunks(layout.groups[2], 33) == 2 and coverage.dense_chunks(
         layout.groups[2], 32) == 1
+
+
+def test_a_state_chunk_slot_holds_its_last_block_only():
+    """The slot rule the data plane and both adapters ask for (``slot_block``)."""
+    window = Group("sliding_window", 4, window=8, blocks_per_chunk=4)
+    state = Group("state", 4, blocks_per_chunk=4, bytes_per_state=64)
+    assert coverage.blocks_per_slot(window) == 4 and coverage.blocks_per_slot(state) == 1
+    assert coverage.slot_block(window, BlockRun(1, 2, 2)) == 2
+    assert coverage.slot_block(state, BlockRun(1, 3, 1)) == 0
+    # what store_blocks keeps of a state chunk is exactly what its slot holds
+    layout = Layout((Group("full", 4, blocks_per_chunk=4), state))
+    assert coverage.slot_block(state, coverage.store_blocks(layout, 1, 2)) == 0
+    for bad in (BlockRun(1, 2, 1), BlockRun(1, 2, 2), BlockRun(1, 0, 4)):
+        with pytest.raises(ValueError, match="holds only its last block"):
+            coverage.slot_block(state, bad)

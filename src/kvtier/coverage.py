@@ -403,6 +403,27 @@ def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:
     return BlockRun(chunk, lo - chunk * bpc, max(0, hi - lo))
 
 
+def blocks_per_slot(group: Group) -> int:
+    """Blocks one slot of ``group`` holds: a chunk's blocks, except for a state group, whose
+    chunk keeps one block (the state after its last token, ``store_blocks``).
+    Example: 4 blocks per chunk -> 4, or 1 for a state group."""
+    return 1 if group.kind == "state" else group.blocks_per_chunk
+
+
+def slot_block(group: Group, run: BlockRun) -> int:
+    """Where ``run``'s first block sits in its chunk's slot (see ``blocks_per_slot``).
+
+    Example: 4 blocks per chunk, ``BlockRun(chunk=1, first_block=2, num_blocks=2)`` -> 2;
+    in a state group only the chunk's last block is kept: ``BlockRun(1, 3, 1)`` -> 0, and
+    any other run is a ``ValueError``.
+    """
+    if blocks_per_slot(group) == group.blocks_per_chunk:
+        return run.first_block
+    if run.num_blocks != 1 or run.first_block != group.blocks_per_chunk - 1:
+        raise ValueError(f"a state chunk holds only its last block, at slot block 0; got {run}")
+    return 0
+
+
 def stores_whole_chunks(group: Group) -> bool:
     """Whether ``store_blocks`` holds every block of every chunk of ``group``: true when
     retained spans start at token 0 (full attention), so no block of a chunk is ever dead.

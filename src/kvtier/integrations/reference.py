@@ -63,6 +63,8 @@ from types import TracebackType
 
 import torch
 
+from kvtier import coverage
+from kvtier.coverage import BlockRun
 from kvtier.engine.config import EngineConfig
 from kvtier.engine.request import BlockIds, BlockTables, Request
 from kvtier.keys import Namespace
@@ -290,10 +292,10 @@ class KvtierOffloader:
         return transfer_job
 
     def _copy(self, c: PlannedCopy) -> ChunkCopy:
-        """The data plane's copy for a planned one: its slot is a row of the registered slab.
-        A state chunk's slot holds one block, the chunk's last
-        (``TransferEngine.copy_for_run``): it goes to slot block 0."""
-        first = 0 if self.layout.groups[c.group].kind == "state" else c.first_block
+        """The data plane's copy for a planned one: its slot is a row of the registered slab,
+        its blocks where ``coverage.slot_block`` puts them."""
+        run = BlockRun(c.chunk, c.first_block, len(c.block_ids))
+        first = coverage.slot_block(self.layout.groups[c.group], run)
         return ChunkCopy(c.group, c.slot, c.block_ids, first)
 
     def _settle(self, result: JobResult) -> None:

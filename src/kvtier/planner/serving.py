@@ -63,10 +63,9 @@ def shared_point(
         if boundaries.prunable(group) or not top:
             present.append(0)
             continue
-        on_dev = on_device // group.tokens_per_chunk
-        wanted = range(on_dev, coverage.required(group, top).stop)
+        wanted = coverage.load_chunks(group, top, on_device)
         found = states(chain.keys(gi, wanted)) if wanted else []
         gap = next((i for i, st in enumerate(found)
                     if not (st.readable or st is ChunkState.WRITING)), len(found))
-        present.append(on_dev + gap)
+        present.append(wanted.start + gap)
     return boundaries.shared_point(layout, num_prompt, present)

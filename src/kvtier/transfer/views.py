@@ -21,6 +21,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from kvtier import coverage
 from kvtier.layout import Group, Layout
 from kvtier.transfer.copies import GroupKV, Slot, SlotRef
 
@@ -139,7 +140,7 @@ def _group_view(index: int, group: Group, kv: GroupKV) -> GroupView:
     _check_bytes(where, group, block_bytes)
     word_bytes = _word_bytes(kv, block_bytes)
     layers, offset = [], 0
-    blocks_per_slot = 1 if group.kind == "state" else group.blocks_per_chunk
+    blocks_per_slot = coverage.blocks_per_slot(group)
     for t, nbytes in zip(kv.layers, block_bytes, strict=True):
         words = nbytes // word_bytes
         layers.append(LayerView(_pieces(t, kv.block_axis, word_bytes), words, offset))

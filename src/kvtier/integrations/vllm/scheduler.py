@@ -134,9 +134,10 @@ class ConnectorScheduler:
         self._ready: set[ChunkKey] = set()
         self.events: list[StoreEvent] = []
         self.store.subscribe(self._on_event)
-        # vLLM frees a full group's blocks only with the request: only the other groups'
-        # tables can hold blocks vLLM handed to another request.
-        self._windowed = [gi for gi, g in enumerate(layout.groups) if g.kind != "full"]
+        # A group that stores whole chunks keeps every block until the request ends: only
+        # the other groups' tables can hold blocks vLLM handed to another request.
+        self._windowed = [gi for gi, g in enumerate(layout.groups)
+                          if not coverage.stores_whole_chunks(g)]
 
     # ---- requests ----------------------------------------------------------------------
 
