@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "build_backend"))
-from kvtier_build import compile_requested  # the one reading of KVTIER_COMPILE
+from kvtier_build import compile_requested, native_declined  # the one reading of each
 
 COMPILED = [
     "src/kvtier/boundaries.py",
@@ -43,9 +44,28 @@ NATIVE = Extension(
     sources=["src/kvtier/_native.c"],
     libraries=["crypto"],  # OpenSSL's libcrypto, as CPython's hashlib; headers: libssl-dev
     extra_compile_args=["-O2"],
-    optional=True,  # without a C compiler or OpenSSL's headers: the pure-Python paths
 )
 """The copy and hashing loops (``kvtier.buildinfo.native()`` says whether it was built)."""
+
+NATIVE_HELP = (
+    "kvtier: KVTIER_COMPILE=1 builds the native module kvtier._native, which needs a C "
+    "compiler, Python's headers and OpenSSL's (Debian: apt-get install build-essential "
+    "python3-dev libssl-dev). Install those, or set KVTIER_NATIVE=0 to build the compiled "
+    "modules without it (CPU copies and key hashing then run at the pure build's speed)."
+)
+
+
+class BuildExt(build_ext):
+    """A compiled build that asked for the native module fails loudly when it cannot build
+    it, naming what is missing, rather than installing without it in silence."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as e:
+            if ext.name != NATIVE.name:
+                raise
+            raise SystemExit(f"{NATIVE_HELP}\nThe compiler said: {e}") from e
 
 
 def ext_modules() -> list:
@@ -53,7 +73,8 @@ def ext_modules() -> list:
         return []
     from mypyc.build import mypycify  # the backend put mypy in the build environment
 
-    return [*mypycify(COMPILED, opt_level="3", debug_level="0"), NATIVE]
+    native = [] if native_declined() else [NATIVE]
+    return [*mypycify(COMPILED, opt_level="3", debug_level="0"), *native]
 
 
-setup(ext_modules=ext_modules())
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt})

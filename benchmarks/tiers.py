@@ -15,13 +15,20 @@ of 8 chunks (one write-back or promotion batch):
   SET / GET of the same payloads, on a private ``redis-server`` started for the run; which
   of the two goes first alternates from round to round.
 
+* sealed records: the same tier storing and loading the same chunks as plain records
+  (crc32), as MAC records (HMAC-SHA256) and as encrypted records (AES-256-GCM), in turn,
+  in the same process (``kvtier.store.seal``); reported as plain time over sealed time
+  (``*_mac_write_ratio`` ...; 1.0 is free). Disk here skips fsync and reads from the page
+  cache, so the ratio is the sealing's CPU cost where the medium is fastest: an upper
+  bound of its relative cost on a real device.
+
 Every figure is a ratio of bandwidths, tier over bare, the best of ``--repeats``
 interleaved runs (the machine is shared and noisy); ``*_ratio_median`` is the median over
 rounds of each round's own ratio, the steadier figure when other work comes and goes.
 Targets: disk at least 0.7 of bare, Redis at least 0.8. Prints a table, then as its last
 line one JSON object.
 
-    python benchmarks/tiers.py [--quick] [--redis-url redis://host:port/0]
+    python benchmarks/tiers.py [--quick] [--seals-only] [--redis-url redis://host:port/0]
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from kvtier.keys import ChunkKey
 from kvtier.store.disk import DiskTier
 from kvtier.store.record import HEADER_BYTES
 from kvtier.store.remote import RedisTier
+from kvtier.store.seal import AeadSeal, MacSeal, Seal, Secret
 
 CHUNK = 2 << 20
 BATCH = 8
@@ -216,6 +224,69 @@ def redis_round(url: str, items: list[Item], n: int) -> dict[str, float]:
         bare.close()
 
 
+# ---- sealed records ----------------------------------------------------------------------
+
+SECRET = Secret(os.urandom(32), "the benchmark")
+SEALS: dict[str, Seal | None] = {"plain": None, "mac": MacSeal(SECRET), "aead": AeadSeal(SECRET)}
+TierOf = Callable[[Seal | None, str], Any]
+"""Builds a tier of one medium with a seal, under a name unique to the round."""
+
+
+def seal_round(make: TierOf, items: list[Item], n: int) -> dict[str, float]:
+    """Seconds to store and load ``items`` through a tier of each seal (plain, MAC, AEAD),
+    the order rotating from round to round."""
+    kinds = list(SEALS)[n % 3 :] + list(SEALS)[: n % 3]
+    out = {}
+    for kind in kinds:
+        tier = make(SEALS[kind], f"{kind}-{n}")
+        try:
+            out[f"{kind}_write"], out[f"{kind}_read"] = store_and_load(tier, items)
+        finally:
+            tier.close()
+    return out
+
+
+def store_and_load(tier: Any, items: list[Item]) -> tuple[float, float]:
+    """Seconds to store ``items`` in batches, then to load them; the tier is left empty."""
+    keys = [k for k, _ in items]
+    write = timed(lambda: [tier.put(b) for b in batches(items)])
+    read = timed(lambda: read_batches(tier.get, keys))
+    assert tier.stats.hits == len(items) and tier.stats.corrupt == 0
+    tier.remove(keys)
+    return write, read
+
+
+def seal_figures(prefix: str, rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Plain time over sealed time, per seal and operation: best times, and the median of
+    each round's own ratio."""
+    out = {}
+    for kind in ("mac", "aead"):
+        for op in ("write", "read"):
+            plain, sealed = f"plain_{op}", f"{kind}_{op}"
+            best_ratio = min(r[plain] for r in rounds) / min(r[sealed] for r in rounds)
+            out[f"{prefix}_{kind}_{op}_ratio"] = round(best_ratio, 3)
+            out[f"{prefix}_{kind}_{op}_ratio_median"] = round(
+                statistics.median(r[plain] / r[sealed] for r in rounds), 3)
+    return out
+
+
+def seal_tiers(work: Path, url: str, n_items: int) -> dict[str, TierOf]:
+    size = 2 * n_items * (HEADER_BYTES + CHUNK + 64)
+    return {
+        "disk": lambda seal, name: DiskTier(work / name, size, CHUNK, seal=seal, fsync=False),
+        "redis": lambda seal, name: RedisTier(url, namespace=f"bench-{name}", timeout_s=30,
+                                              seal=seal),
+    }
+
+
+def print_seal_table(figures: dict[str, Any]) -> None:
+    print(f"\n{'tier':<7}{'record':<8}{'write':>8}{'read':>8}   (plain time / sealed time)")
+    for tier in ("disk", "redis"):
+        for kind in ("mac", "aead"):
+            print(f"{tier:<7}{kind:<8}{figures[f'{tier}_{kind}_write_ratio']:>8.2f}"
+                  f"{figures[f'{tier}_{kind}_read_ratio']:>8.2f}")
+
+
 # ---- report ------------------------------------------------------------------------------
 
 
@@ -268,19 +339,27 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=48, help="2 MiB chunks per round")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--redis-url", default=None, help="an existing server (default: own)")
+    parser.add_argument("--seals-only", action="store_true",
+                        help="only the cost of sealed records against plain ones")
     args = parser.parse_args()
     n, repeats = (16, 2) if args.quick else (args.chunks, args.repeats)
     items = make_items(n)
     nbytes = n * CHUNK
-    with tempfile.TemporaryDirectory() as work:
-        disk = [disk_round(Path(work), items, i) for i in range(repeats)]
-    with redis_server(args.redis_url) as url:
-        remote = [redis_round(url, items, i) for i in range(repeats)]
     figures: dict[str, Any] = {"chunk_bytes": CHUNK, "chunks": n, "batch": BATCH}
-    figures |= figures_of("disk", best(disk, nbytes)) | figures_of("redis", best(remote, nbytes))
-    figures |= median_ratios("disk", disk) | median_ratios("redis", remote)
-    print_table(figures)
-    met = all(figures[name] >= target for name, target in TARGETS.items())
+    with tempfile.TemporaryDirectory() as work, redis_server(args.redis_url) as url:
+        if not args.seals_only:
+            disk = [disk_round(Path(work), items, i) for i in range(repeats)]
+            remote = [redis_round(url, items, i) for i in range(repeats)]
+            figures |= figures_of("disk", best(disk, nbytes))
+            figures |= figures_of("redis", best(remote, nbytes))
+            figures |= median_ratios("disk", disk) | median_ratios("redis", remote)
+        for medium, make in seal_tiers(Path(work), url, n).items():
+            figures |= seal_figures(medium, [seal_round(make, items, i) for i in range(repeats)])
+    if not args.seals_only:
+        print_table(figures)
+    print_seal_table(figures)
+    met = None if args.seals_only else all(figures[name] >= target
+                                           for name, target in TARGETS.items())
     print(json.dumps({"benchmark": "tiers", "figures": figures, "targets": TARGETS, "met": met}))
 
 

@@ -16,6 +16,13 @@ object. Time is the scheduler thread's CPU time by default (``--clock cpu``: wha
 scheduler costs, unaffected by other processes taking the core away on a shared machine);
 ``--clock wall`` measures elapsed time.
 
+Then, request by request, the side-by-side table of ``kvtier.integrations.vllm.parity``:
+the cases where native once restored more (an exact repeat of a prompt ending on a chunk
+boundary, a chunked-local consumer of the start of a prompt, a preempted request resuming)
+and their neighbours, plus the stream above: hit tokens and bytes stored per configuration;
+``met_parity`` says, per kvtier configuration, whether it hits at least native's tokens in
+every row.
+
 Like with like. vLLM's native connector stores prompts only by default
 (``offload_prompt_only``); kvtier's default (``store: all``) also stores answers, for multi-
 turn chat. This stream never continues a conversation, so no request here can use an answer
@@ -52,7 +59,13 @@ from typing import Any
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
 from kvtier.buildinfo import describe
-from kvtier.integrations.vllm.testing import SimGroup, VllmSim
+from kvtier.integrations.vllm.parity import Row, parity_rows, render, shortfalls
+from kvtier.integrations.vllm.testing import (
+    SimGroup,
+    VllmSim,
+    kvtier_jobs_done,
+    native_jobs_done,
+)
 
 CHUNK = 64
 HOST_BYTES = 256 << 20
@@ -64,29 +77,6 @@ def stream(seed: int, waves: int, per_wave: int) -> list[list[list[int]]]:
     docs = [[rng.randrange(1, 30000) for _ in range(rng.randrange(512, 1025))] for _ in range(6)]
     return [[rng.choice(docs) + [rng.randrange(1, 30000) for _ in range(rng.randrange(16, 97))]
              for _ in range(per_wave)] for _ in range(waves)]
-
-
-def native_report(meta: Any) -> tuple[KVConnectorOutput, int]:
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-        OffloadingWorkerMetadata,
-    )
-    done = {job_id: 1 for job_id in [*meta.load_jobs, *meta.store_jobs]}
-    recving = {job.req_id for job in meta.load_jobs.values()}
-    stored = [sum(1 for b in job.src_spec.block_ids if b) for job in meta.store_jobs.values()]
-    out = KVConnectorOutput(finished_recving=recving,
-                            kv_connector_worker_meta=OffloadingWorkerMetadata(done))
-    return out, sum(stored)
-
-
-def kvtier_report(meta: Any) -> tuple[KVConnectorOutput, int]:
-    from kvtier.integrations.vllm.connector import KvtierWorkerMetadata
-
-    plan = meta.plan
-    done = {job.id: (1, True) for job in [*plan.loads, *plan.stores]}
-    recving = {job.request_id for job in plan.loads}
-    stored = sum(len(c.block_ids) for job in plan.stores for c in job.copies)
-    return KVConnectorOutput(finished_recving=recving,
-                             kv_connector_worker_meta=KvtierWorkerMetadata(done)), stored
 
 
 def none_report(meta: Any) -> tuple[KVConnectorOutput, int]:
@@ -148,19 +138,19 @@ KVTIER_MODULE = "kvtier.integrations.vllm"
 CONNECTORS = {
     "none": (None, None, {}, none_report),
     # prompts only: the pair the target is judged on (native's default)
-    "native": ("OffloadingConnector", None, NATIVE, native_report),
-    "kvtier": ("KvtierConnector", KVTIER_MODULE, {**KVTIER, "store": "prompt"}, kvtier_report),
+    "native": ("OffloadingConnector", None, NATIVE, native_jobs_done),
+    "kvtier": ("KvtierConnector", KVTIER_MODULE, {**KVTIER, "store": "prompt"}, kvtier_jobs_done),
     "kvtier-shared": ("KvtierConnector", KVTIER_MODULE,
-                      {**KVTIER, "store": "prompt", "boundaries": "shared"}, kvtier_report),
+                      {**KVTIER, "store": "prompt", "boundaries": "shared"}, kvtier_jobs_done),
     "kvtier-end": ("KvtierConnector", KVTIER_MODULE,
-                   {**KVTIER, "store": "prompt", "boundaries": "end"}, kvtier_report),
+                   {**KVTIER, "store": "prompt", "boundaries": "end"}, kvtier_jobs_done),
     # prompts and answers (kvtier's default)
     "native-all": ("OffloadingConnector", None, {**NATIVE, "offload_prompt_only": False},
-                   native_report),
+                   native_jobs_done),
     "kvtier-all": ("KvtierConnector", KVTIER_MODULE, {**KVTIER, "store": "all"},
-                   kvtier_report),
+                   kvtier_jobs_done),
     "kvtier-shared-all": ("KvtierConnector", KVTIER_MODULE,
-                          {**KVTIER, "store": "all", "boundaries": "shared"}, kvtier_report),
+                          {**KVTIER, "store": "all", "boundaries": "shared"}, kvtier_jobs_done),
 }
 #: kvtier row -> the native row it is judged against
 PAIRS = {"kvtier": "native", "kvtier-shared": "native", "kvtier-end": "native",
@@ -200,6 +190,14 @@ def _all_met(by_config: dict[str, dict[str, bool]]) -> bool:
     return all(all(targets.values()) for targets in by_config.values())
 
 
+def _stream_row(config: str, figures: dict[str, Any]) -> Row:
+    """The stream above as a parity row (prompts only, the pair the target is judged on)."""
+    names = ("native", "kvtier", "kvtier-shared", "kvtier-end")
+    return Row("document waves, prompts only", config,
+               {n: figures[n]["hit_tokens"] for n in names},
+               {n: figures[n]["stored_bytes"] for n in names})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer waves (CI)")
@@ -228,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
                           for c, r in best.items() if c != "none"}
     met = {name: {cname: {target: _meets(f[name], f[base], target) for target in TARGETS}
                   for cname, f in figures.items()} for name, base in PAIRS.items()}
+    rows = parity_rows() + [_stream_row(cname, f) for cname, f in figures.items()]
+    print("\nside by side, request by request (kvtier.integrations.vllm.parity):")
+    print(render(rows))
+    met_parity = {c: not shortfalls(rows, c) for c in ("kvtier", "kvtier-shared", "kvtier-end")}
     print(f"build: {describe()} (kvtier.buildinfo; README, \"Compiled build\")")
     print(json.dumps({"benchmark": "vllm_connector", "build": describe(), "clock": args.clock,
                       "figures": figures,
@@ -239,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                       "met_shared": _all_met(met["kvtier-shared"]),
                       "met_all": _all_met(met["kvtier-all"]),
                       "met_shared_all": _all_met(met["kvtier-shared-all"]),
-                      "met_by_target": met}))
+                      "met_by_target": met,
+                      "parity": [vars(r) for r in rows],
+                      "met_parity": met_parity}))
     return 0
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from setuptools.build_meta import *  # noqa: F403  (the PEP 517 hooks we do not change)
 
-MYPYC = ["mypy>=1.10,<2", "numpy>=1.24"]
+MYPYC = ["mypy==2.4.1", "numpy>=1.24,<3"]
 """What a compiled build adds to the isolated build environment: mypy (which carries mypyc)
 and numpy, whose type stubs mypyc needs to check the modules that name numpy types (without
 it ``npt.NDArray`` is unknown and the build fails while preparing metadata)."""
@@ -23,6 +23,12 @@ it ``npt.NDArray`` is unknown and the build fails while preparing metadata)."""
 
 def compile_requested() -> bool:
     return os.environ.get("KVTIER_COMPILE", "").strip().lower() in {"1", "true", "yes"}
+
+
+def native_declined() -> bool:
+    """``KVTIER_NATIVE=0``: a compiled build without the C module (by default a compiled
+    build that cannot build it fails, saying what is missing)."""
+    return os.environ.get("KVTIER_NATIVE", "").strip().lower() in {"0", "false", "no"}
 
 
 def _extra() -> list[str]:

@@ -11,6 +11,8 @@ from kvtier.layout import Group, Layout
 from strategies import layouts
 
 G16 = Layout((Group("full", 16, 1), Group("sliding_window", 16, 1, window=16)))
+# a state group of 16-token chunks keeps no state after token b - 2: no whole-prompt hit
+G16S = Layout((Group("full", 16, 1), Group("state", 16, 1)))
 
 
 def test_modes_worked_examples() -> None:
@@ -24,11 +26,16 @@ def test_modes_worked_examples() -> None:
     assert boundaries.served_boundaries(
         G16, "shared", [40, 100, 120], prompt_end=100, shared=64) == [64, 96, 112]
     assert boundaries.served_boundaries(G16, "end", [40, 100, 160], prompt_end=100) == [96, 160]
-    # a prompt that ends on a boundary: its own repeat hits one granule earlier
-    assert boundaries.consumer_end(G16, 96) == 80 and boundaries.consumer_end(G16, 100) == 96
-    assert boundaries.newly_served(G16, "end", 0, 96, prompt_end=96) == [80]
-    assert boundaries.newly_served(G16, "end", 0, 112, prompt_end=96) == [80, 112]
-    assert boundaries.newly_served(G16, "end", 80, 96, prompt_end=96) == []
+    # a prompt that ends on a boundary: its repeat takes the whole-prompt hit there (95)
+    assert boundaries.consumer_end(G16, 96) == 96 and boundaries.consumer_end(G16, 100) == 96
+    assert boundaries.prompt_ends(G16, 96) == [80, 96] and boundaries.prompt_ends(G16, 100) == [96]
+    assert boundaries.newly_served(G16, "end", 0, 96, prompt_end=96) == [80, 96]
+    assert boundaries.newly_served(G16, "end", 0, 128, prompt_end=96) == [80, 96, 128]
+    assert boundaries.newly_served(G16, "shared", 0, 96, prompt_end=96, shared=96) == [80, 96]
+    assert boundaries.newly_served(G16, "end", 96, 96, prompt_end=96) == []
+    # without whole-prompt hits (a state group) the repeat hits one granule earlier
+    assert boundaries.consumer_end(G16S, 96) == 80 and boundaries.prompt_ends(G16S, 96) == [80]
+    assert boundaries.newly_served(G16S, "end", 0, 112, prompt_end=96) == [80, 112]
     # store limits cut the prompt at 96 of 120: a consumer of the whole prompt can hit at 96
     assert boundaries.newly_served(G16, "end", 0, 96, prompt_end=96, num_prompt=120) == [96]
 
@@ -36,6 +43,8 @@ def test_modes_worked_examples() -> None:
 def test_shared_point_reads_full_attention_only() -> None:
     assert boundaries.shared_point(G16, 90, [4, 0]) == 64
     assert boundaries.shared_point(G16, 90, [99, 0]) == 80  # capped at prompt - 1
+    assert boundaries.shared_point(G16, 96, [99, 0]) == 96  # its whole-prompt hit
+    assert boundaries.shared_point(G16S, 96, [99, 0]) == 80
     assert boundaries.shared_point(G16, 90, [0, 9]) == 0
     sliding_only = Layout((Group("sliding_window", 16, 1, window=16),))
     assert boundaries.shared_point(sliding_only, 90, [9]) == 0
@@ -66,7 +75,7 @@ def test_every_mode_serves_admissible_boundaries_and_stores_full_groups_whole(
             assert served == [] or served[-1] == boundaries.last_boundary(layout, reports[-1])
         final[mode] = [
             coverage.store_set(layout, gi, reports[-1], served)
-            for gi, g in enumerate(layout.groups) if not boundaries.prunable(g)
+            for gi, g in enumerate(layout.groups) if coverage.needs_predecessor(g)
         ]
     # past the prompt, full-attention groups end up stored whole in every mode
     assert all(sets == final["dense"] for sets in final.values())

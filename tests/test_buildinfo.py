@@ -3,8 +3,8 @@
 CI runs the whole suite twice (README, "Compiled build"): once on the editable, pure-Python
 install and once on ``KVTIER_COMPILE=1 pip install .`` with ``KVTIER_EXPECT_BUILD=mypyc``,
 so that a compile that silently fell back to pure Python fails here, and so does one that
-built without ``kvtier._native`` (its C extension is optional: a machine without a C compiler
-or OpenSSL's headers still gets the mypyc modules).
+built without ``kvtier._native`` (a compiled build that cannot build it fails at install
+time, naming what is missing; ``KVTIER_NATIVE=0`` builds the mypyc modules without it).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def test_explain_bytes_null_without_sizes(capsys, tmp_path):
     (["explain", "--tokens", "300", "--hit", "512"], "past the last boundary"),
     (["explain", "--layout", "/nonexistent.toml"], "cannot read layout file"),
     (["explain", "--model", "gpt-oss-120b", "--layout", "x.toml"], "not allowed with"),
-    (["explain", "--mtp", "-1"], "num_speculative_tokens"),
+    (["explain", "--mtp", "-1"], "argument --mtp: must be >= 0, got -1"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -68,3 +68,25 @@ def test_help_for_every_command(capsys):
         main(["explain", "--help"])
     assert exc.value.code == 0
     assert "--tokens" in capsys.readouterr().out
+
+
+def test_explain_shows_the_whole_prompt_hit_of_a_repeat(capsys, tmp_path):
+    """A prompt ending on a boundary: its repeat restores all but the last token; one
+    token longer, the boundary itself; with a state group, the boundary before."""
+    path = tmp_path / "l.toml"
+    path.write_text("[[groups]]\nkind='full'\ntokens_per_block=16\nblocks_per_chunk=4\n"
+                    "[[groups]]\nkind='chunked_local'\ntokens_per_block=16\n"
+                    "blocks_per_chunk=4\nchunk=256\n")
+    code, out, _ = run(capsys, "explain", "--layout", str(path), "--tokens", "256", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["repeat"] == {"hit": 255, "whole_prompt": True}
+    assert [g["repeat_chunks"] for g in report["groups"]] == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert report["groups"][1]["stored_chunks"] == [0, 1, 2, 3]
+    _, out, _ = run(capsys, "explain", "--layout", str(path), "--tokens", "256")
+    assert "restores 255 tokens (its whole-prompt hit at boundary 256" in out
+    _, out, _ = run(capsys, "explain", "--layout", str(path), "--tokens", "257", "--json")
+    assert json.loads(out)["repeat"] == {"hit": 256, "whole_prompt": False}
+    path.write_text("[[groups]]\nkind='full'\ntokens_per_block=16\nblocks_per_chunk=4\n"
+                    "[[groups]]\nkind='state'\ntokens_per_block=16\nblocks_per_chunk=4\n")
+    _, out, _ = run(capsys, "explain", "--layout", str(path), "--tokens", "256", "--json")
+    assert json.loads(out)["repeat"] == {"hit": 192, "whole_prompt": False}

@@ -23,9 +23,11 @@ def test_seed_sliding_window_32_hit_64(extra: int, span: tuple[int, int], chunks
     assert [r.chunk for r in coverage.load_set(g, 64)] == chunks
 
 
-@pytest.mark.parametrize(("extra", "sliding"), [(0, [2, 3, 6, 7]), (1, [2, 3, 6, 7]),
+@pytest.mark.parametrize(("extra", "sliding"), [(0, [2, 3, 6, 7]), (1, [1, 2, 3, 5, 6, 7]),
                                                  (3, [1, 2, 3, 5, 6, 7])])
 def test_design_example_full_plus_sliding_33_tokens(extra: int, sliding: list[int]):
+    """With E = 1 the whole-prompt hits at 15 and 31 (a 16- or 32-token prompt repeated)
+    keep tokens 7 and 23: chunks 1 and 5 are stored too (W + E = 9 is one past a chunk)."""
     layout = Layout((Group("full", 16), Group("sliding_window", 4, window=8,
                                               extra_retained=extra)))
     assert list(coverage.admissible_boundaries(layout, 33)) == [16, 32]
@@ -97,7 +99,7 @@ def test_store_set_of_a_million_tokens_does_not_walk_tokens(monkeypatch):
     sets = coverage.store_sets(layout, 1_000_000)
     assert sets[0].ranges == ((0, 3906),)
     assert sets[1].ranges == ((0, 3906),)
-    assert len(calls) == 2 * 3906
+    assert len(calls) == 2 * 2 * 3906  # 2 groups, 2 hits (b - 1 and b) per boundary
 
 
 def test_bad_boundary_and_horizon():

@@ -45,22 +45,52 @@ def oracle_restore_point(g: Group, b: int) -> int:
     return max(ends, default=0)
 
 
+def oracle_whole_prompt(layout: Layout, n: int) -> bool:
+    """Whether a consumer of n tokens can restore all but the last and compute it again: the
+    engine then continues from n - 1, keeping kept_tokens(g, n - 1) of every group. No
+    chunk it needs may be keyed by a token past n (a stored draft tail at n: n + d > n),
+    and a state group must hold the state after token n - 2 (it keeps one per chunk end)."""
+    if n < 2:
+        return False
+    for g in layout.groups:
+        if g.draft_tail == "stored" and g.lookahead:
+            return False
+        if g.kind == "state" and (n - 1) % g.tokens_per_chunk:
+            return False
+    return True
+
+
 def oracle_boundaries(layout: Layout, n: int, prompt: int | None = None) -> list[int]:
     d = max((g.lookahead for g in layout.groups if g.draft_tail == "stored"), default=0)
     return [
         b for b in range(1, n + 1)
-        if b % layout.hit_granularity == 0 and b + d <= n and (prompt is None or b <= prompt - 1)
+        if b % layout.hit_granularity == 0 and b + d <= n
+        and (prompt is None or b <= prompt - 1
+             or (b == prompt and oracle_whole_prompt(layout, prompt)))
     ]
+
+
+def oracle_hits_served(layout: Layout, b: int) -> list[int]:
+    """A producer serving b serves a consumer knowing more tokens (hit at b), and one whose
+    tokens end at b (its whole-prompt hit, at b - 1)."""
+    return [b - 1, b] if oracle_whole_prompt(layout, b) else [b]
 
 
 def oracle_required(g: Group, b: int) -> set[int]:
     return {p // g.tokens_per_chunk for p in kept_tokens(g, oracle_restore_point(g, b))}
 
 
+def oracle_served_required(layout: Layout, g: Group, b: int) -> set[int]:
+    out: set[int] = set()
+    for h in oracle_hits_served(layout, b):
+        out |= oracle_required(g, h)
+    return out
+
+
 def oracle_store(layout: Layout, gi: int, horizon: int) -> set[int]:
     out: set[int] = set()
     for b in oracle_boundaries(layout, horizon):
-        out |= oracle_required(layout.groups[gi], b)
+        out |= oracle_served_required(layout, layout.groups[gi], b)
     return out
 
 
@@ -81,15 +111,20 @@ def test_contract_matches_oracle_and_invariants(layout: Layout, horizon: int, da
     for gi, g in enumerate(layout.groups):
         stored = coverage.store_set(layout, gi, horizon)
         assert set(stored) == oracle_store(layout, gi, horizon)
+        hits = [h for b in bounds for h in oracle_hits_served(layout, b)]
         for b in bounds:
-            req = set(coverage.required(g, b))
-            assert req == oracle_required(g, b)
+            assert list(coverage.hits_served(layout, b)) == oracle_hits_served(layout, b)
+            assert set(coverage.served_chunks(layout, gi, b)) == oracle_served_required(
+                layout, g, b)
+        for h in hits:
+            req = set(coverage.required(g, h))
+            assert req == oracle_required(g, h)
             assert req <= set(stored)  # invariant 2: no write-only cache
-        # invariant 3: nothing stored that no admissible boundary needs
+        # invariant 3: nothing stored that no hit of an admissible boundary needs
         for c in stored:
-            assert any(c in coverage.required(g, b) for b in bounds)
-        if bounds:
-            b = data.draw(st.sampled_from(bounds))
+            assert any(c in coverage.required(g, h) for h in hits)
+        if hits:
+            b = data.draw(st.sampled_from(hits))
             dev = data.draw(st.integers(0, b // g.tokens_per_block)) * g.tokens_per_block
             runs = coverage.load_set(g, b, dev)
             assert [r.chunk for r in runs] == list(coverage.load_chunks(g, b, dev))
@@ -135,7 +170,8 @@ def test_store_delta_sums_to_store_set(layout: Layout, steps: list[int]) -> None
 def test_consumer_boundaries_capped_below_prompt(layout: Layout, n: int, prompt: int) -> None:
     got = list(coverage.admissible_boundaries(layout, n, num_prompt_tokens=prompt))
     assert got == oracle_boundaries(layout, n, prompt)
-    assert all(b <= prompt - 1 for b in got)
+    assert all(b <= prompt - 1 or coverage.whole_prompt_hit(layout, prompt) for b in got)
+    assert coverage.whole_prompt_hit(layout, prompt) == oracle_whole_prompt(layout, prompt)
 
 
 @settings(max_examples=500)
@@ -156,18 +192,22 @@ def test_chunk_ranges_set_algebra(a, b) -> None:
 def test_stored_blocks_cover_every_block_a_hit_loads(layout: Layout, horizon: int, data) -> None:
     """The producer copies, of each stored chunk, every block any consumer may load."""
     bounds = oracle_boundaries(layout, horizon)
+    hits = [h for b in bounds for h in oracle_hits_served(layout, b)]
     for gi, g in enumerate(layout.groups):
         for c in coverage.store_set(layout, gi, horizon):
             run = coverage.store_blocks(layout, gi, c)
             held = loaded_blocks(g, (run,))
-            for b in bounds:
-                for r in coverage.load_set(g, b):
+            for h in hits:
+                for r in coverage.load_set(g, h):
                     if r.chunk == c:
                         assert loaded_blocks(g, (r,)) <= held
-            # and every block it copies is still kept by the engine at the chunk's first
-            # boundary, so it is live when the producer stores it
-            first = next(b for b in bounds if c in coverage.required(g, b))
-            assert held <= set(coverage.restored_blocks(g, first))
+            # and every block it copies is live when the producer stores it, in the step
+            # that reaches the chunk's first boundary: it holds the blocks of the first hit
+            # that needs the chunk and those it computed, up to the boundary
+            first = next(b for b in bounds if c in coverage.served_chunks(layout, gi, b))
+            h = next(h for h in oracle_hits_served(layout, first) if c in oracle_required(g, h))
+            low = coverage.restored_blocks(g, h).start
+            assert held <= set(range(low, -(-first // g.tokens_per_block)))
 
 
 @CASES
@@ -197,16 +237,17 @@ def test_served_subsets_keep_invariants_2_and_3(layout: Layout, horizon: int, da
     served = sorted(data.draw(st.sets(st.sampled_from(bounds))) if bounds else set())
     extra = data.draw(st.integers(0, 3)) * layout.hit_granularity  # past the horizon: ignored
     passed = served + ([bounds[-1] + extra] if bounds and extra else [])
+    hits = [h for b in served for h in oracle_hits_served(layout, b)]
     for gi, g in enumerate(layout.groups):
         stored = set(coverage.store_set(layout, gi, horizon, passed))
         want: set[int] = set()
         for b in served:
-            want |= oracle_required(g, b)
+            want |= oracle_served_required(layout, g, b)
         assert stored == want
-        for b in served:  # invariant 2 for every served boundary
-            assert set(coverage.required(g, b)) <= stored
+        for h in hits:  # invariant 2 for every hit of a served boundary
+            assert set(coverage.required(g, h)) <= stored
         for c in stored:  # invariant 3: every stored chunk is needed by a served boundary
-            assert any(c in coverage.required(g, b) for b in served)
+            assert any(c in coverage.required(g, h) for h in hits)
         assert coverage.store_set(layout, gi, horizon, bounds) == coverage.store_set(
             layout, gi, horizon
         )
@@ -259,3 +300,62 @@ def test_served_worked_example() -> None:
     assert coverage.store_set(layout, 0, 33, [32]).compact() == "0-1"
     assert coverage.store_set(layout, 1, 33, [32]).compact() == "6-7"
     assert coverage.store_set(layout, 1, 33).compact() == "2-3,6-7"
+
+
+# -- consumers: the hits a request knowing n tokens may take -----------------------------
+
+
+def oracle_consumer_hits(layout: Layout, n: int) -> list[int]:
+    """Per consumer-admissible boundary b, the tokens restored: b, or n - 1 at b = n."""
+    return sorted({min(b, n - 1) for b in oracle_boundaries(layout, n, n)} - {0})
+
+
+@CASES
+@given(layouts(), st.integers(1, 6), st.sampled_from([-1, 0, 1]), st.integers(0, 3))
+def test_consumer_hits_one_token_either_side_of_a_boundary(
+    layout: Layout, k: int, side: int, extra: int
+) -> None:
+    """A consumer of n = k*G + side tokens sharing a producer's first n tokens (producer
+    horizon n + extra*G, dense): every hit it may take is stored, its chunks are keyed by
+    its own tokens only, and the load restores exactly the tokens the engine keeps."""
+    n = k * layout.hit_granularity + side
+    if n < 1:
+        return
+    hits = coverage.consumer_hits(layout, n)
+    assert hits == oracle_consumer_hits(layout, n)
+    whole = n % layout.hit_granularity == 0 and oracle_whole_prompt(layout, n)
+    assert (n - 1 in hits) == (whole or (n - 1 > 0 and (n - 1) in oracle_boundaries(
+        layout, n, n)))
+    horizon = n + extra * layout.hit_granularity
+    for gi, g in enumerate(layout.groups):
+        stored = set(coverage.store_set(layout, gi, horizon))
+        for h in hits:
+            need = set(coverage.required(g, h))
+            assert need == oracle_required(g, h)
+            assert need <= stored  # a cold consumer of the prefix finds it (invariant 2)
+            lookahead = g.lookahead if g.draft_tail == "stored" else 0
+            assert all((c + 1) * g.tokens_per_chunk + lookahead <= n for c in need)
+            tpb = g.tokens_per_block
+            want = {p // tpb for p in kept_tokens(g, oracle_restore_point(g, h))}
+            assert loaded_blocks(g, coverage.load_set(g, h)) == want
+            assert set(coverage.restored_blocks(g, h)) == want  # invariant 4 at the hit
+
+
+def test_whole_prompt_hit_worked_examples() -> None:
+    """Full attention with 64-token chunks: a 256-token prompt repeated restores 255 tokens
+    (chunks 0-3); chunked local C = 256: the hit at 255 needs chunks 0-3, which serving 256
+    stores; a state group of 64-token chunks has no state after token 254."""
+    full = Layout((Group("full", 16, 4),))
+    assert coverage.consumer_hits(full, 256) == [64, 128, 192, 255]
+    assert coverage.consumer_hits(full, 257) == [64, 128, 192, 256]
+    assert coverage.consumer_hits(full, 255) == [64, 128, 192]
+    assert list(coverage.required(full.groups[0], 255)) == [0, 1, 2, 3]
+    local = Layout((Group("full", 16, 4), Group("chunked_local", 16, 4, chunk=256)))
+    assert list(coverage.required(local.groups[1], 256)) == []
+    assert list(coverage.served_chunks(local, 1, 256)) == [0, 1, 2, 3]
+    assert coverage.store_set(local, 1, 256).compact() == "0-3"
+    state = Layout((Group("full", 16, 4), Group("state", 16, 4)))
+    assert coverage.consumer_hits(state, 256) == [64, 128, 192]
+    assert coverage.hits_served(state, 256) == (256,)
+    eagle = Layout((Group("full", 16, 4), Group("full", 16, 4, lookahead=1)))
+    assert not coverage.whole_prompt_hit(eagle, 256)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -62,6 +63,17 @@ def test_groups_and_namespaces_never_share_keys():
     ]
     for ns in others:
         assert chain(range(64), ns=ns).key(0, 0) != c.key(0, 0)
+
+
+def test_the_layouts_model_and_kv_dtype_separate_keys_whatever_the_namespace():
+    """A library caller who leaves the namespace at its defaults still never gets an
+    fp8_e4m3 writer's key for an fp8_e5m2 reader, or another model's."""
+    base = Layout((Group("full", 16),), model="model-a", kv_dtype="fp8_e4m3")
+    ns = Namespace("shared")
+    key = chain(range(16), base, ns).key(0, 0)
+    for other in (replace(base, kv_dtype="fp8_e5m2"), replace(base, model="model-b")):
+        assert chain(range(16), other, ns).key(0, 0) != key
+    assert chain(range(16), replace(base), ns).key(0, 0) == key
 
 
 def test_keys_are_deterministic_across_processes():

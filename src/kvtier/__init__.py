@@ -20,9 +20,14 @@ engine need the ``torch`` extra and are imported from their subpackages
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# A library only emits: an application that configures logging sees kvtier's warnings (a
+# Redis login refused, ...); one that does not gets no stray lines on stderr.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS: dict[str, str] = {
     "coverage": "kvtier",

@@ -11,15 +11,15 @@ request's store limits), reported horizons ``h`` (after the same limits), and
 ``last(h)`` = the largest admissible boundary of a producer knowing ``h`` tokens:
 
 * ``dense``: every admissible boundary.
-* ``end``: at the first report ``h >= P``, the prompt's *consumer end* ``c``: the largest
-  boundary a consumer with this very prompt can hit (the largest admissible boundary below
-  the prompt's last token, which a consumer computes for its logits); then ``last(h)``
-  for every report ``h > P``. ``c = last(P)`` unless ``P`` is a boundary itself, where
-  ``c`` is the boundary before it: serving ``P`` would store partial-window chunks that a
-  repeat of the prompt can never load. A producer that reports at its prompt end and at
-  its request end (the replay; an engine storing once prefill is done) serves exactly
-  those two; one that reports every decoding step serves every boundary its answer
-  passes. Reports inside a chunked prefill serve nothing.
+* ``end``: at the first report ``h >= P``, the prompt's ends (``prompt_ends``): the last
+  boundary below the prompt's last token (where a longer prompt sharing this one hits,
+  and what native offloading serves), and ``P`` itself when ``P`` is a boundary, since a
+  repeat of the prompt takes its whole-prompt hit there (``coverage.consumer_hit``); then
+  ``last(h)`` for every report ``h > P``. In a layout without whole-prompt hits (a state
+  group) only the first: a repeat could never load what ``P`` needs. A producer that
+  reports at its prompt end and at its request end (the replay; an engine storing once
+  prefill is done) serves exactly those; one that reports every decoding step serves
+  every boundary its answer passes. Reports inside a chunked prefill serve nothing.
 * ``shared``: ``end``, plus the *shared point* ``s``: the largest consumer-admissible
   boundary at which every full-attention group's required chunks were in the store (or on
   the device) when the request looked up, i.e. where it was seen to share a prefix with an
@@ -27,12 +27,23 @@ request's store limits), reported horizons ``h`` (after the same limits), and
   serves only its end; a second one sharing the document serves its divergence point,
   where a third then hits. A layout with no full-attention group has ``s = 0``.
 
-Only partial-window groups are pruned (``prunable``): a full-attention group's store set
-is the prefix up to the largest served boundary, so it is stored whole in every mode.
+Only the groups ``prunable`` names are pruned; the others store, in every mode, what
+``dense`` stores. Which ones weighs what a chunk costs against the hits it serves, per
+group kind: a full-attention chunk serves every later boundary (its store set is the
+prefix up to the largest served boundary anyway); a sliding-window chunk serves only the
+boundaries within one window of it, so serving few boundaries stores a few windows instead
+of nearly every chunk, and the hits it gives up are those in the middle of a prefix (vLLM's
+own offloading serves a window only at each prompt's end, too). A chunked-local chunk
+serves every boundary up to the end of its attention chunk (``C`` tokens, 8,192 for Llama
+4), as a full-attention chunk does within that span, and native offloading serves them
+all: pruning it loses hits native has, so it is pruned only when the user asks
+(``prune_chunked_local``). A state group holds one state per boundary, useful at that
+boundary only: pruned.
 
 Example: granularity 16, a 100-token prompt, ``shared`` with ``s = 64``, reports at 40
 (chunked prefill), 100 and 120: 40 serves nothing, 100 serves 64 and 96, 120 serves 112.
-With a 96-token prompt, ``end`` at 96 serves 80: the same prompt again hits at 80.
+With a 96-token prompt, ``end`` at 96 serves 80 and 96: the same prompt again hits at 96,
+restoring 95 tokens, and a longer one sharing it at 96 or 80.
 
 Every computation on boundaries and chunks is a ``kvtier.coverage`` call.
 """
@@ -55,12 +66,16 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"boundaries must be one of {', '.join(BOUNDARY_MODES)}; got {mode!r}")
 
 
-def prunable(group: Group) -> bool:
-    """Whether serving fewer boundaries stores fewer chunks of ``group``.
+def prunable(group: Group, *, prune_chunked_local: bool = False) -> bool:
+    """Whether ``end`` and ``shared`` store only the served boundaries' chunks of ``group``
+    (see the module docstring for the weighing).
 
-    False for full attention (its store set is a prefix: ``coverage.needs_predecessor``),
-    True for sliding window, chunked local and state groups.
+    False for full attention (its store set is a prefix: ``coverage.needs_predecessor``)
+    and, unless ``prune_chunked_local``, for chunked local; True for sliding window and
+    state groups.
     """
+    if group.kind == "chunked_local":
+        return prune_chunked_local
     return not coverage.needs_predecessor(group)
 
 
@@ -74,15 +89,33 @@ def last_boundary(layout: Layout, horizon: int) -> int:
 
 
 def consumer_end(layout: Layout, prompt_end: int, num_prompt: int | None = None) -> int:
-    """The largest boundary a consumer of the prompt can hit, or 0: admissible for
-    ``prompt_end`` tokens and below the prompt's last token (``num_prompt``, by default
-    ``prompt_end``; larger when store limits cut the prompt short).
+    """The largest boundary a consumer of the prompt can hit, or 0: the last of
+    ``prompt_ends``.
 
-    Example: granularity 16: a 100-token prompt -> 96; a 96-token prompt -> 80.
+    Example: granularity 16: a 100-token prompt -> 96; a 96-token prompt -> 96 (its
+    whole-prompt hit), or 80 in a layout with a 16-token state group.
     """
-    bounds = coverage.admissible_boundaries(
-        layout, prompt_end, prompt_end if num_prompt is None else num_prompt)
-    return bounds[-1] if bounds else 0
+    ends = prompt_ends(layout, prompt_end, num_prompt)
+    return ends[-1] if ends else 0
+
+
+def prompt_ends(layout: Layout, prompt_end: int, num_prompt: int | None = None) -> list[int]:
+    """The boundaries ``end`` serves at the prompt's end, ascending: the last boundary below
+    the prompt's last token (where a longer prompt sharing this one hits, as native
+    offloading serves it), and the prompt's end itself where a repeat of the prompt takes
+    its whole-prompt hit there (``coverage.consumer_hit``). Admissible for ``prompt_end``
+    tokens and a consumer of ``num_prompt`` (by default ``prompt_end``; larger when store
+    limits cut the prompt short).
+
+    Example: granularity 16: a 100-token prompt -> [96]; a 96-token prompt -> [80, 96],
+    or [80] in a layout with a 16-token state group.
+    """
+    n = prompt_end if num_prompt is None else num_prompt
+    bounds = coverage.admissible_boundaries(layout, prompt_end, n)
+    if not bounds:
+        return []
+    whole = bounds[-1] == n  # a boundary past the last token: the whole-prompt hit's
+    return list(bounds[-2:]) if whole else [bounds[-1]]
 
 
 def newly_served(
@@ -95,23 +128,18 @@ def newly_served(
 
     Examples, granularity 16, ``prompt_end`` 100: ``dense`` from 32 at 70 -> [48, 64];
     ``end`` at 70 -> [] and at 100 -> [96]; ``shared`` with ``shared=64`` at 100 -> [64, 96].
-    ``prompt_end`` 96: ``end`` at 96 -> [80] and at 112 -> [80, 112].
+    ``prompt_end`` 96: ``end`` at 96 -> [80, 96] and at 128 -> [80, 96, 128].
     """
     check_mode(mode)
     if mode == "dense":
         return [b for b in coverage.admissible_boundaries(layout, horizon) if b > last_served]
     top = last_boundary(layout, horizon)
-    out = []
-    if mode == "shared" and last_served < shared <= top:
-        out.append(shared)
+    fresh = {shared} if mode == "shared" and shared <= top else set()
     if horizon >= prompt_end:
-        ends = [consumer_end(layout, prompt_end, num_prompt)]
+        fresh.update(prompt_ends(layout, prompt_end, num_prompt))
         if horizon > prompt_end:
-            ends.append(top)
-        for b in ends:
-            if b > max(last_served, out[-1] if out else 0):
-                out.append(b)
-    return out
+            fresh.add(top)
+    return sorted(b for b in fresh if b > last_served)
 
 
 def served_boundaries(
@@ -136,7 +164,7 @@ def shared_point(layout: Layout, num_prompt: int, present: Sequence[int]) -> int
     or on the device); only full-attention groups are read. 0 when the layout has none.
     Example: one full group of 16-token chunks, a 90-token prompt, 4 chunks present: 64.
     """
-    full = [gi for gi, g in enumerate(layout.groups) if not prunable(g)]
+    full = [gi for gi, g in enumerate(layout.groups) if coverage.needs_predecessor(g)]
     if not full:
         return 0
     for b in reversed(coverage.admissible_boundaries(layout, num_prompt, num_prompt)):

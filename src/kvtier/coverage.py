@@ -6,7 +6,19 @@ Everything kvtier decides about a request comes from two definitions (DESIGN sec
   ``b`` and beyond;
 * the admissible boundaries: positive multiples of the hit granularity ``G`` with
   ``b + d_max <= num_tokens`` (``d_max`` the largest lookahead of a draft group whose tail
-  is stored), and for a consumer also ``b <= num_prompt_tokens - 1``.
+  is stored), and for a consumer also ``b <= num_prompt_tokens - 1``, or
+  ``b <= num_prompt_tokens`` where the layout allows a whole-prompt hit.
+
+A whole-prompt hit serves a consumer whose known tokens ``N`` end on a boundary (an exact
+repeat of a prompt, a resumed request): its hit at boundary ``N`` restores what a hit at
+``N - 1`` would, ``retained(g, N - 1)`` of every group, and the engine computes token
+``N - 1`` again for its logits (``consumer_hit``). Every chunk that needs ends by ``N``, so
+its keys cover the consumer's own tokens. A state group allows it only when it stores the
+state after token ``N - 2``, that is with one-token chunks (it keeps a state per chunk
+end); a stored draft tail never does (its chunks need tokens past ``N``). A producer
+serving a boundary ``b`` therefore stores for both hits ``b - 1`` and ``b``
+(``hits_served``). Example: full attention, 64-token chunks, a 256-token prompt repeated:
+the hit restores tokens ``[0, 255)`` from chunks 0-3 and the engine computes token 255.
 
 A draft group whose tail is *recomputed* restores, at ``b``, only up to its restore point
 ``restore_point(group, b)``: the last chunk end ``e`` with ``e + d <= b``, so that every key
@@ -185,17 +197,71 @@ def admissible_boundaries(
     """Boundaries at which a hit may end, ascending.
 
     A producer knowing ``num_tokens`` tokens can serve ``b`` when ``b + d_max <= num_tokens``.
-    A consumer passes its prompt length too, capping ``b`` at ``num_prompt_tokens - 1``
-    (the last prompt token is computed to produce logits).
+    A consumer passes its known tokens too (a new request's prompt; a resumed one's prompt
+    and output), capping ``b`` at ``num_prompt_tokens - 1`` (the last token is computed to
+    produce logits), or at ``num_prompt_tokens`` where ``whole_prompt_hit`` allows it (the
+    hit at that boundary restores one token less: ``consumer_hit``).
 
     Example: granularity 16, no draft layers, a 33-token prompt: ``range(16, 33, 16)``,
-    that is 16 and 32.
+    that is 16 and 32; a 32-token prompt: 16 and 32 (32 restores 31 tokens).
     """
     top = num_tokens - layout.max_stored_lookahead
     if num_prompt_tokens is not None:
-        top = min(top, num_prompt_tokens - 1)
+        whole = whole_prompt_hit(layout, num_prompt_tokens)
+        top = min(top, num_prompt_tokens if whole else num_prompt_tokens - 1)
     g = layout.hit_granularity
     return range(g, max(g, top + 1), g)
+
+
+def whole_prompt_hit(layout: Layout, num_tokens: int) -> bool:
+    """Whether a consumer knowing ``num_tokens`` tokens may hit at boundary ``num_tokens``,
+    restoring ``retained(g, num_tokens - 1)`` of every group (``consumer_hit``).
+
+    Not when a draft group's tail is stored (its chunks ending at ``num_tokens`` are keyed
+    by tokens past it), nor when a state group keeps no state after token ``num_tokens - 2``
+    (it stores the state at each chunk end: only one-token chunks have one there).
+    Examples: full attention with sliding window or chunked local -> True; with a state
+    group of 64-token chunks -> False; with an EAGLE group whose tail is stored -> False.
+    """
+    if layout.max_stored_lookahead or num_tokens < 2:
+        return False
+    return all((num_tokens - 1) % g.tokens_per_chunk == 0
+               for g in layout.groups if g.kind == "state")
+
+
+def consumer_hit(b: int, num_prompt_tokens: int) -> int:
+    """The tokens a consumer's hit at boundary ``b`` restores: ``b``, or for the boundary at
+    the end of its known tokens (a whole-prompt hit) one less, so the engine computes the
+    last token again for its logits. Every hit at ``h`` needs ``required(g, h)`` and loads
+    ``load_set(g, h, ..)``. Example: a 256-token prompt: 192 -> 192, 256 -> 255.
+    """
+    return min(b, num_prompt_tokens - 1)
+
+
+def consumer_hits(layout: Layout, num_prompt_tokens: int) -> list[int]:
+    """Every hit a consumer knowing ``num_prompt_tokens`` tokens may take, ascending:
+    ``consumer_hit`` of each consumer-admissible boundary (positive, without repeats).
+
+    Example: granularity 64, a 256-token prompt: [64, 128, 192, 255]; 257 tokens:
+    [64, 128, 192, 256].
+    """
+    out: list[int] = []
+    for b in admissible_boundaries(layout, num_prompt_tokens, num_prompt_tokens):
+        h = consumer_hit(b, num_prompt_tokens)
+        if h > 0 and (not out or h > out[-1]):
+            out.append(h)
+    return out
+
+
+def hits_served(layout: Layout, b: int) -> tuple[int, ...]:
+    """The hits a producer serving boundary ``b`` stores for, ascending: ``b`` (a consumer
+    knowing more tokens), and ``b - 1`` (the whole-prompt hit of a consumer whose tokens
+    end at ``b``) where ``whole_prompt_hit`` allows it.
+
+    Example: full attention, 64-token chunks: 256 -> (255, 256); with a state group of
+    64-token chunks: 256 -> (256,).
+    """
+    return (b - 1, b) if whole_prompt_hit(layout, b) else (b,)
 
 
 # --------------------------------------------------------------------------------------
@@ -254,10 +320,26 @@ def store_set(
     33 tokens: full chunks 0-1, sliding chunks 2-3 and 6-7; serving only 32: full chunks
     0-1, sliding chunks 6-7.
     """
-    group = layout.groups[group_index]
     return ChunkRanges.of(
-        (r.start, r.stop) for b in _served(layout, horizon, served) if (r := required(group, b))
+        (r.start, r.stop) for b in _served(layout, horizon, served)
+        if (r := served_chunks(layout, group_index, b))
     )
+
+
+def served_chunks(layout: Layout, group_index: int, b: int) -> range:
+    """Chunks of one group a producer serving boundary ``b`` stores: ``required`` of every
+    hit of ``hits_served``. One range: the hits' required ranges overlap or touch.
+
+    Example: chunked local ``C = 256``, 64-token chunks: ``b = 256`` -> chunks 0-3 (the
+    whole-prompt hit at 255; the hit at 256 keeps nothing); ``b = 320`` -> chunk 4.
+    """
+    group = layout.groups[group_index]
+    lo, hi = 0, 0
+    for h in hits_served(layout, b):
+        r = required(group, h)
+        if r:
+            lo, hi = (r.start, r.stop) if lo == hi else (min(lo, r.start), max(hi, r.stop))
+    return range(lo, hi)
 
 
 def _served(layout: Layout, horizon: int, served: Sequence[int] | None) -> Sequence[int]:
@@ -317,16 +399,16 @@ def serve_delta(
     served ``(64,)`` (chunk 3), new ``(96,)``: chunk 5.
     """
     check_served(layout, [*served[-1:], *new])
-    group = layout.groups[group_index]
-    if group.kind == "full":  # required sets are nested prefixes [0, e): the last holds all
+    if layout.groups[group_index].kind == "full":  # nested prefixes [0, e): the last holds all
         new = new[-1:]
-    fresh_set = ChunkRanges.of((r.start, r.stop) for b in new if (r := required(group, b)))
+    fresh_set = ChunkRanges.of(
+        (r.start, r.stop) for b in new if (r := served_chunks(layout, group_index, b)))
     if not fresh_set:
         return fresh_set
     low = fresh_set.ranges[0][0]
     overlap: list[tuple[int, int]] = []
     for b in reversed(served):
-        r = required(group, b)
+        r = served_chunks(layout, group_index, b)
         if not r:
             continue
         if r.stop <= low:
@@ -352,10 +434,11 @@ def load_chunks(group: Group, b: int, on_device: int = 0) -> range:
     span = restored(group, b)
     if span.empty:
         return range(0)
-    t, tb = group.tokens_per_chunk, group.tokens_per_block
+    tb = group.tokens_per_block
     first_block = max(span.start // tb, on_device // tb)
-    start = max(span.start // t, first_block // group.blocks_per_chunk)
-    return range(start, max(start, -(-span.end // t)))
+    if first_block >= -(-span.end // tb):  # every kept block is on the device already
+        return range(0)
+    return range(first_block // group.blocks_per_chunk, -(-span.end // group.tokens_per_chunk))
 
 
 def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:
@@ -385,9 +468,10 @@ def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:
 def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:
     """The blocks of ``chunk`` a stored copy must hold: every block some hit may load.
 
-    Retained spans only move right as the boundary grows, so the first admissible
-    boundary at or past the chunk's end needs the most of it. Blocks before that are dead
-    for every hit (an engine may already have freed them) and are not copied.
+    Retained spans only move right as the boundary grows, so the first hit that needs the
+    chunk (of the first admissible boundary at or past its end: ``hits_served``) needs the
+    most of it. Blocks before that are dead for every hit (an engine may already have freed
+    them) and are not copied.
 
     Example: sliding window 8, 4-token blocks in 16-token chunks, granularity 64: chunk 3
     (tokens 48..63) is needed only by the hit at 64, which keeps tokens 57..63: blocks 2
@@ -397,10 +481,12 @@ def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:
     bpc = group.blocks_per_chunk
     if stores_whole_chunks(group):
         return BlockRun(chunk, 0, bpc)
-    keep = restored_blocks(group, first_boundary(layout, group_index, chunk))
-    lo = max(keep.start, chunk * bpc)
-    hi = (chunk + 1) * bpc
-    return BlockRun(chunk, lo - chunk * bpc, max(0, hi - lo))
+    lo = chunk * bpc
+    for h in hits_served(layout, first_boundary(layout, group_index, chunk)):
+        if chunk in required(group, h):
+            lo = max(lo, restored_blocks(group, h).start)
+            break
+    return BlockRun(chunk, lo - chunk * bpc, bpc - (lo - chunk * bpc))
 
 
 def blocks_per_slot(group: Group) -> int:

@@ -10,9 +10,11 @@ key of chunk ``c`` of group ``g`` (``T`` tokens per chunk, lookahead ``d``) is
     group_tag(g) || H(spine[(c+1)*T/u - 1] || tokens[e : e+d])  when d > 0, e = (c+1)*T
 
 so one pass over the tokens serves every group, and a request costs O(tokens) however it
-grows. The digest is sha256 (default; hardware-accelerated on current x86 and ARM CPUs) or
-blake2b: both are cryptographic, so a party that shares the cache cannot forge a key that
-collides with another prefix.
+grows. The group tag hashes the namespace with the group's geometry and the layout's model
+and KV dtype, so those separate keys even when a caller's namespace omits them. The digest
+is sha256 (default; hardware-accelerated on current x86 and ARM CPUs) or blake2b: both are
+cryptographic, so a party that shares the cache cannot forge a key that collides with
+another prefix.
 """
 
 from __future__ import annotations
@@ -136,11 +138,15 @@ class Namespace:
     def group_tag(self, layout: Layout, group_index: int) -> bytes:
         """8 bytes naming one group's geometry within this namespace.
 
-        ``extra_retained`` is left out on purpose: it changes what the engine keeps, not
-        the bytes of a chunk, so producers and consumers with different ``E`` share chunks.
+        The layout's own model and KV dtype are hashed in too, whatever this namespace
+        says: a caller who leaves the namespace at its defaults still never shares a key
+        between two models or two KV dtypes. ``extra_retained`` is left out on purpose: it
+        changes what the engine keeps, not the bytes of a chunk, so producers and consumers
+        with different ``E`` share chunks.
         """
         g = layout.groups[group_index]
         geometry = (
+            layout.model, layout.kv_dtype,
             str(group_index), g.kind, str(g.tokens_per_block), str(g.blocks_per_chunk),
             str(g.window), str(g.chunk), str(g.lookahead), str(g.bytes_per_token),
             str(g.bytes_per_state),

@@ -23,7 +23,7 @@ DraftTail = Literal["stored", "recomputed"]
 DRAFT_TAILS: tuple[str, ...] = get_args(DraftTail)
 
 #: Bumped whenever the meaning of stored bytes or keys changes; hashed into every key.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 
 
 def _check_int(name: str, value: object, low: int, where: str) -> None:

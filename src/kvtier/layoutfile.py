@@ -39,23 +39,42 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 GROUP_KEYS = tuple(f.name for f in fields(Group))
 LAYOUT_KEYS = ("groups", "hit_granularity", "model", "kv_dtype")
+MAX_LAYOUT_BYTES = 2**20
+"""The largest layout file read (1 MiB; a layout of a hundred groups is a few KiB)."""
 
 
 def load_layout(path: str | Path) -> Layout:
     """Read a layout from a ``.toml`` or ``.json`` file; ValueError names what is wrong."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ValueError(f"cannot read layout file {path}: {e.strerror or e}") from None
+    text = _read(path)
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+    except ValueError as e:  # malformed, or an integer of more than 4300 digits
         raise ValueError(f"layout file {path} is not valid {_fmt(path)}: {e}") from None
+    except RecursionError:
+        raise ValueError(f"layout file {path} is nested too deeply; a layout is a table of "
+                         "'groups' tables") from None
     try:
         return layout_from_dict(data)
     except ValueError as e:
         raise ValueError(f"layout file {path}: {e}") from None
+
+
+def _read(path: Path) -> str:
+    """The file's text; ValueError if unreadable, not UTF-8 or over ``MAX_LAYOUT_BYTES``."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_LAYOUT_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"cannot read layout file {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_LAYOUT_BYTES:
+        raise ValueError(f"layout file {path} is over {MAX_LAYOUT_BYTES} bytes; a layout is a "
+                         "few groups")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"layout file {path} is not UTF-8 text ({e.reason} at byte "
+                         f"{e.start})") from None
 
 
 def _fmt(path: Path) -> str:

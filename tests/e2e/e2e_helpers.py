@@ -92,9 +92,11 @@ def edge_lengths(config: EngineConfig) -> list[int]:
 
 
 def expected_hit(config: EngineConfig, prompt_tokens: int, shared: int | None = None) -> int:
-    """The largest admissible boundary <= prompt - 1 (and <= ``shared`` shared tokens)."""
+    """The hit of the largest consumer-admissible boundary (<= ``shared`` shared tokens):
+    the boundary, or ``prompt - 1`` for a prompt that ends on one (its whole-prompt hit)."""
     bounds = coverage.admissible_boundaries(config.layout(), prompt_tokens, prompt_tokens)
-    return max((b for b in bounds if shared is None or b <= shared), default=0)
+    return max((coverage.consumer_hit(b, prompt_tokens) for b in bounds
+                if shared is None or b <= shared), default=0)
 
 
 def expected_chunks(config: EngineConfig, hit: int) -> int:

@@ -95,13 +95,16 @@ def test_a_prefill_step_on_the_last_boundary_still_serves_the_prompt_end(mode: s
 
 
 def test_a_prompt_ending_on_a_boundary_serves_the_boundary_its_repeat_can_hit():
-    """A 96-token prompt: a consumer with the same prompt computes token 95, so it can hit
-    at 80 at most; ``end`` serves 80 (sliding chunk 4), not 96 (chunk 5, never loadable
-    by that repeat)."""
+    """A 96-token prompt: a consumer with the same prompt takes the whole-prompt hit at 96,
+    restoring tokens [0, 95) and computing token 95; ``end`` serves 96 (sliding chunk 5
+    holds the window of both hits, 95 and 96) and 80, the last boundary below the last
+    token, where native offloading serves a longer prompt (sliding chunk 4)."""
     h = Harness(LAYOUT)
     doc = A[:96]
-    assert run(h, "a", doc, "end") == (0, {0: [0, 1, 2, 3, 4, 5], 1: [4]})
-    assert run(h, "a2", doc, "end") == (80, {})  # everything it needs is stored
+    assert run(h, "a", doc, "end") == (0, {0: [0, 1, 2, 3, 4, 5], 1: [4, 5]})
+    assert run(h, "a2", doc, "end") == (95, {})  # everything it needs is stored
+    # a longer prompt sharing all 96 tokens hits at 96 from the same chunks
+    assert run(h, "b", [*doc, 7, 8], "end") == (96, {})
 
 
 @pytest.mark.parametrize("mode", ["end", "shared"])

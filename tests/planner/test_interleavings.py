@@ -18,7 +18,7 @@ from kvtier import coverage
 from kvtier.keys import KeyChain, Namespace
 from kvtier.layout import Group, Layout
 from kvtier.planner import Outcome, Planner
-from kvtier.planner.lookup import candidate_boundaries, common_chunks
+from kvtier.planner.lookup import candidate_hits, common_chunks
 from kvtier.store import ChunkStore, EventKind
 from strategies import layouts
 
@@ -178,7 +178,7 @@ def test_common_chunks_are_loaded_by_every_candidate(layout, prompt, data) -> No
     on_device_tokens = data.draw(st.integers(0, prompt))
     tpb = math.lcm(*(g.tokens_per_block for g in layout.groups))
     on_device = on_device_tokens // tpb * tpb
-    candidates = candidate_boundaries(layout, prompt, on_device, None)
+    candidates = candidate_hits(layout, prompt, on_device, None)
     if not candidates:
         return
     for g, common in zip(layout.groups, common_chunks(layout, candidates, on_device),

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvtier import coverage
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
-from kvtier.planner.lookup import assess, candidate_boundaries, hit_keys
+from kvtier.planner.lookup import assess, candidate_hits, hit_keys
 from kvtier.store.results import ChunkState
 from strategies import layouts
 
@@ -45,7 +45,7 @@ def test_assess_matches_the_oracle(layout: Layout, data: st.DataObject) -> None:
     blocks = [b for b in range(0, n, tpb)
               if all(b % g.tokens_per_block == 0 for g in layout.groups)]
     on_device = data.draw(st.sampled_from(blocks or [0]))
-    candidates = candidate_boundaries(layout, n, on_device, None)
+    candidates = candidate_hits(layout, n, on_device, None)
     state: dict[ChunkKey, ChunkState] = {}
     elsewhere: set[ChunkKey] = set()
     for gi, g in enumerate(layout.groups):

@@ -59,8 +59,9 @@ def test_chunked_local_and_block_sizes_per_group():
     layout = Layout((Group("full", 8, 2), Group("chunked_local", 4, 2, chunk=24)))
     h = Harness(layout)
     job = h.produce("p", list(range(50)), complete=False)
-    # boundaries 16, 32, 48: local retains [0,16), [24,32), [48,48) -> chunks 0,1 and 3
-    assert loaded(job) == {0: [0, 1, 2], 1: [0, 1, 3]}
+    # boundaries 16, 32, 48 and their whole-prompt hits 15, 31, 47: local retains [0,16),
+    # [24,32), [48,48) and [0,15), [24,31), [24,47) -> chunks 0, 1 and 3, 4, 5
+    assert loaded(job) == {0: [0, 1, 2], 1: [0, 1, 3, 4, 5]}
     h.planner.complete_store(job.id, True)
     h.planner.add_request("c", list(range(50)))
     assert h.planner.lookup("c").hit_tokens == 48

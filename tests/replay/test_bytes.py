@@ -1,12 +1,12 @@
 """``kvtier replay --bytes``: the replay over a real TieredStore, every loaded chunk verified.
 
-Why the hit rates must equal the metadata replay's: block hits count chunks present in
-any tier, and the planner restores what is present anywhere (a chunk below is promoted
-while it WAITs). With a disk (or Redis) that never evicts, every chunk ever stored stays
-in some tier in both stores, whatever host memory holds (the real store keeps a promoted
-chunk on disk too, the model moves it; host recency differs by the real store's extra
-promotion rounds), so the present sets, and hence the hits, are the same. Only the split
-of loads between host and disk may differ.
+Why the hit rates must equal the metadata replay's: both run the same store rules
+(``kvtier.replay.store.ReplayStore``) over different tiers; block hits count chunks
+present in any tier, and the planner restores what is present anywhere (a chunk below is
+promoted while it WAITs). With a disk (or Redis) that never evicts, every chunk ever
+stored stays in some tier in both stores, whatever host memory holds (host recency may
+differ by the real tiers' promotion rounds), so the present sets, and hence the hits, are
+the same. Only the split of loads between host and disk may differ.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 from kvtier.cli.main import main
 from kvtier.presets import preset
 from kvtier.replay import ReplayConfig, ReplayStats, Workload, bytes_store, read_trace, replay
-from kvtier.replay.bytes_store import BytesOptions, replay_bytes
+from kvtier.replay.bytes_run import BytesOptions, replay_bytes
 
 PREFIX, HOST = 300, 300
 
@@ -172,7 +172,7 @@ def test_json_and_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     (["--bytes", "--concurrent"], "drop --concurrent"),
     (["--bytes", "--disk-dir", "{tmp}"], "--disk-dir needs a disk tier"),
     (["--bytes", "--disk", "1TiB", "--disk-dir", "{tmp}/file/sub"], "not a writable directory"),
-    (["--bytes", "--redis", "http://localhost"], "--redis: redis tier: url must look like"),
+    (["--bytes", "--redis", "http://localhost"], "--redis: redis tier: url: must look like"),
 ])
 def test_bad_arguments_exit_2_with_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str

@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 from oracles import simple_infinite
 
+from kvtier.keys import ChunkKey
 from kvtier.layout import Group, Layout
 from kvtier.presets import preset
 from kvtier.replay import ReplayConfig, TimingModel, Workload, read_trace, replay
 from kvtier.replay.concurrent import replay_concurrent
+from kvtier.replay.metadata import metadata_store
 from kvtier.replay.policies import compared_policies
 from kvtier.replay.synth import SynthConfig, generate
-from kvtier.store import LRU, POLICIES
+from kvtier.store import LRU, POLICIES, StoreHandle
 
 FULL_512 = Layout((Group("full", 512),))
 PREFIX = 800
@@ -83,6 +85,35 @@ def test_disk_tier_below_host(full: Workload) -> None:
     assert tiered.block_hits <= simple_infinite(full.requests)[0]
 
 
+def test_the_disk_model_never_waits_and_repeats_itself(full: Workload) -> None:
+    first, again = (replay(full, "lru", 300, disk_slots=600) for _ in range(2))
+    assert first.waits == 0 and first.chunks_loaded_by_tier.get("disk", 0) > 0
+    assert first.as_dict() | {"wall_s": 0} == again.as_dict() | {"wall_s": 0}
+
+
+def test_the_store_locates_holds_and_refreshes_without_promoting() -> None:
+    a, b, c, d, e = (ChunkKey(bytes([i]) * 40) for i in range(5))
+    store = metadata_store(2, disk_slots=2)
+
+    def put(*ks: ChunkKey) -> None:
+        for k in ks:
+            handle = store.prepare_store([k])
+            assert isinstance(handle, StoreHandle) and handle.keys == (k,)
+            store.complete_store(handle, ok=True)
+
+    put(a, b, c)  # a is written down to disk
+    assert store.locate([a, b, c, d]) == ["disk", "host", "host", ""]
+    held = store.hold([a, b])  # b pinned in host memory, a used where it is
+    assert held is not None and held.keys == (b,)
+    put(d)  # evicts c, not the pinned b; disk: a, c
+    store.complete_load(held)
+    store.refresh([a])  # a is now the disk's most recent
+    put(e)  # evicts d (b's release was a use) to disk, which evicts its least recent: c
+    assert store.locate([a, b, c, d, e]) == ["disk", "host", "", "disk", "host"]
+    assert store.promoted == {} and store.tier_slots() == {"host": 2, "disk": 2}
+    store.check_invariants()
+
+
 def test_hybrid_layout_loads_only_the_window(requests: list) -> None:
     w = Workload(requests[:250], ReplayConfig(preset("gpt-oss-120b")))
     s = replay(w, "lru", 3000)
@@ -90,7 +121,7 @@ def test_hybrid_layout_loads_only_the_window(requests: list) -> None:
     assert full.loaded > 0 and sliding.loaded < full.loaded
     assert sliding.offered <= sliding.dense
     per = preset("gpt-oss-120b").groups[0].bytes_per_chunk
-    assert s.as_dict()["groups"][0]["loaded_bytes"] == full.loaded * per
+    assert per is not None and s.as_dict()["groups"][0]["loaded_bytes"] == full.loaded * per
 
 
 def test_synthetic_traces_are_deterministic_and_share_system_prompts() -> None:

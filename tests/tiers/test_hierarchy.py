@@ -18,7 +18,7 @@ from kvtier.store.disk import DiskTier
 from kvtier.store.lower import LowerTier
 from kvtier.store.record import HEADER_BYTES
 from kvtier.store.remote import RedisTier
-from kvtier.store.tiered import TieredStore
+from kvtier.store.tiered import Placement, TieredStore
 
 A, W, R = ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY
 Stack = Callable[..., TieredStore]
@@ -33,7 +33,8 @@ def make_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack
     server = request.getfixturevalue("redis_server") if "redis" in names else None
 
     def build(write_policy: WritePolicy = "write-back", disk_chunks: int = 16,
-              clock: Clock | None = None, writer: ControlledWriter | None = None) -> TieredStore:
+              clock: Clock | None = None, writer: ControlledWriter | None = None,
+              placement: Placement = "inclusive") -> TieredStore:
         lower: list[LowerTier] = []
         if "disk" in names:
             lower.append(DiskTier(tmp_path / "disk", disk_chunks * (HEADER_BYTES + SLOT), SLOT,
@@ -41,7 +42,8 @@ def make_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack
         if server is not None:
             lower.append(RedisTier(server.url, geometry=GEOMETRY, timeout_s=0.5))
         host = ChunkStore(backend=HostSlab(2, SLOT, pin_memory=False))
-        store = TieredStore(host, lower, write_policy=write_policy, clock=clock or Clock())
+        store = TieredStore(host, lower, write_policy=write_policy, placement=placement,
+                            clock=clock or Clock())
         made.append(store)
         return store
 
@@ -104,6 +106,32 @@ def test_a_lower_hit_is_promoted_then_loaded(make_stack: Stack) -> None:
     stats = store.stats()
     assert stats[store.lower[0].name]["promoted"] == 1 and stats["host"]["hits"] == 1
     store.check_invariants()
+
+
+@pytest.mark.parametrize("placement", ["inclusive", "exclusive"])
+def test_placement_decides_whether_a_promoted_chunk_stays_below(
+    make_stack: Stack, placement: Placement
+) -> None:
+    store = make_stack(placement=placement)
+    for n in "abc":
+        store_chunk(store, n)
+    assert store.flush() and promote(store, "a") == [R]
+    assert store.flush()
+    below = {t.name: bool(t.get([key("a")])) for t in store.lower}
+    assert below[store.lower[0].name] is (placement == "inclusive"), below
+    store.check_invariants()
+
+
+def test_a_promotion_never_evicts_the_lookups_own_chunks(make_stack: Stack) -> None:
+    store = make_stack()
+    for n in "abc":  # host holds b and c, a went below
+        store_chunk(store, n)
+    assert store.flush()
+    asked = keys_of("bca")
+    assert store.lookup(asked) == [R, R, W]
+    assert store.flush()
+    assert store.lookup(asked) == [R, R, A]  # no room for a but b's or c's slot
+    assert bytes(store.lower[0].get([key("a")])[key("a")]) == payload("a")  # still below
 
 
 def test_a_chunk_found_nowhere_is_absent_until_the_miss_expires(make_stack: Stack) -> None:

@@ -85,10 +85,14 @@ REDIS_SERVER = shutil.which("redis-server")
 
 
 class RedisServer:
-    """A ``redis-server`` of our own: no persistence, loopback only, stoppable."""
+    """A ``redis-server`` of our own: no persistence, loopback only, stoppable; with
+    ``password``, clients must log in (``--requirepass``); ``args`` go to the server too."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(
+        self, workdir: Path, password: str | None = None, args: Sequence[str] = ()
+    ) -> None:
         self.workdir, self.port = workdir, free_port()
+        self.password, self.args = password, list(args)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -99,7 +103,8 @@ class RedisServer:
         assert REDIS_SERVER is not None
         self.proc = subprocess.Popen(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
+             "--appendonly", "no", "--dir", str(self.workdir), *self.args,
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         if not poll(self.ping, timeout_s=10.0):
@@ -110,7 +115,7 @@ class RedisServer:
         import redis
 
         try:
-            with redis.Redis(port=self.port, socket_timeout=0.2,
+            with redis.Redis(port=self.port, socket_timeout=0.2, password=self.password,
                              socket_connect_timeout=0.2) as client:
                 return bool(client.ping())
         except redis.RedisError:
@@ -119,7 +124,7 @@ class RedisServer:
     def client(self) -> object:
         import redis
 
-        return redis.Redis(port=self.port, socket_timeout=2)
+        return redis.Redis(port=self.port, socket_timeout=2, password=self.password)
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -1,17 +1,21 @@
-"""Every transfer test runs on each CPU copy path the build has: torch and numpy copies
-(always), and the compiled build's ``kvtier._native`` memcpy loop (when it is built)."""
+"""Every transfer test runs on each CPU copier the build has: the torch copier (always), and
+the compiled build's native one (``kvtier._native``'s memcpy loop, when it is built).
+
+The engine picks its copier once, when it is built (``kvtier.transfer.jobs.copier_maker``):
+with ``kvtier.transfer.native._native`` taken away, engines built in the test get the torch
+copier."""
 
 from __future__ import annotations
 
 import pytest
 
-import kvtier.transfer.mover as mover
+from kvtier.transfer import native
 
-PATHS = ["torch"] + (["native"] if mover._native is not None else [])
+PATHS = ["torch"] + (["native"] if native.available() else [])
 
 
 @pytest.fixture(autouse=True, params=PATHS)
 def copy_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "torch":
-        monkeypatch.setattr(mover, "_native", None)
+        monkeypatch.setattr(native, "_native", None)
     return str(request.param)

@@ -12,7 +12,7 @@ from transfer_helpers import expected_slot, random_group, same_bytes, snapshot
 
 from kvtier.layout import Group, Layout
 from kvtier.transfer import ChunkCopy, GroupKV, JobResult, TransferEngine, allocate_slab
-from kvtier.transfer.mover import Apart
+from kvtier.transfer.native import Apart
 
 LAYOUT = Layout((Group("full", tokens_per_block=2, blocks_per_chunk=2),))
 
@@ -242,10 +242,10 @@ def test_copy_helpers_run_off_the_copying_cpu_and_anywhere_after(
     the jobs every helper may run on every CPU again; the slots hold their blocks."""
     if copy_path != "native":
         pytest.skip("only the native copies use helpers kept apart")
-    import kvtier.transfer.mover as mover
+    from kvtier.transfer import native
 
-    shim = AffinityShim(mover._native)
-    monkeypatch.setattr(mover, "_native", shim)
+    shim = AffinityShim(native._native)
+    monkeypatch.setattr(native, "_native", shim)
     gen = torch.Generator().manual_seed(12)
     kv = random_group(2, 0, num_blocks=192, tokens=16, dtype=torch.bfloat16, gen=gen,
                       heads=8, dim=16)

@@ -5,13 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier import coverage
-from kvtier.integrations.vllm.testing import SimGroup, SpecStandIn, VllmSim
+from kvtier.integrations.vllm.testing import SimGroup, SpecStandIn, VllmSim, native_jobs_done
 
 
 def make_sim(groups: list[SimGroup], chunk_tokens: int, *, spec: SpecStandIn | None = None,
-             lookahead: int = 0, fault: Any = None, host_bytes: int = 1 << 22) -> VllmSim:
-    extra = {"host_bytes": host_bytes, "chunk_tokens": chunk_tokens}
-    return VllmSim(groups, "KvtierConnector", extra, spec=spec, lookahead=lookahead, fault=fault)
+             lookahead: int = 0, fault: Any = None, host_bytes: int = 1 << 22,
+             num_blocks: int = 256, **options: Any) -> VllmSim:
+    """kvtier's connector (``options``: more of its ``kv_connector_extra_config``)."""
+    extra = {"host_bytes": host_bytes, "chunk_tokens": chunk_tokens, **options}
+    return VllmSim(groups, "KvtierConnector", extra, spec=spec, lookahead=lookahead, fault=fault,
+                   num_blocks=num_blocks)
+
+
+def native_sim(groups: list[SimGroup], chunk_tokens: int, num_blocks: int = 256) -> VllmSim:
+    """vLLM's native OffloadingConnector, its workers stood in for (every job done in the
+    step that issued it): what native offloading hits, for comparison."""
+    extra = {"cpu_bytes_to_use": 1 << 26, "block_size": chunk_tokens}
+    return VllmSim(groups, "OffloadingConnector", extra, module_path=None, worker=False,
+                   report=native_jobs_done, num_blocks=num_blocks)
 
 
 def chunks(sim: VllmSim, direction: str, request_id: str) -> set[tuple[int, int]]:
@@ -66,3 +77,9 @@ def scheduled(out: Any, request_id: str) -> int:
     """Tokens scheduled for the request this step, not counting draft tokens."""
     drafts = len(out.scheduled_spec_decode_tokens.get(request_id, ()))
     return int(out.num_scheduled_tokens[request_id]) - drafts
+
+
+def restored(sim: VllmSim, prompt: list[int], consumer_prompt: list[int]) -> int:
+    """``produce_then_consume``: the consumer's tokens vLLM did not compute (restored)."""
+    out = produce_then_consume(sim, prompt, consumer_prompt)
+    return len(consumer_prompt) - scheduled(out, "consumer")

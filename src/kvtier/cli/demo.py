@@ -28,14 +28,24 @@ Needs the ``torch`` extra; without it the command says so and exits with status 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvtier.cli.common import UsageError, human_bytes, parse_bytes, positive_int, table
+from kvtier.cli.common import (
+    INT64_MAX,
+    MAX_MTP_MODULES,
+    MAX_SPEC_TOKENS,
+    UsageError,
+    human_bytes,
+    int_in,
+    parse_bytes,
+    positive_int,
+    print_json,
+    table,
+)
 from kvtier.cli.main import Command
 
 if TYPE_CHECKING:
@@ -44,6 +54,8 @@ if TYPE_CHECKING:
 
 MAX_CONVERSATION_TOKENS = 16384
 """The longest conversation the demo runs (turns x (user tokens + answer tokens))."""
+MAX_THREADS = 1024
+"""The most torch intra-op threads ``--threads`` takes."""
 
 
 @dataclass(frozen=True)
@@ -109,19 +121,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer tokens generated each turn (default 16)")
     parser.add_argument("--layout", choices=list(LAYOUTS), default="hybrid", metavar="NAME",
                         help=f"engine layout: {names} (default hybrid)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights and tokens")
+    parser.add_argument("--seed", type=int_in(0, INT64_MAX), default=0,
+                        help="seed of weights and tokens (an integer >= 0)")
     parser.add_argument("--host-bytes", type=parse_bytes, default=parse_bytes("256MiB"),
                         metavar="SIZE", help="kvtier host tier size (default 256MiB)")
-    parser.add_argument("--threads", type=positive_int, default=1, metavar="N",
+    parser.add_argument("--threads", type=int_in(1, MAX_THREADS), default=1, metavar="N",
                         help="torch intra-op threads (default 1: the model is small, and on a "
                              "busy machine idle threads spin)")
     parser.add_argument("--speculative", choices=["none", "mtp", "eagle"], default="none",
                         help="speculative decoding: multi-module MTP or EAGLE draft layers "
                              "(default none); adds acceptance columns")
-    parser.add_argument("--spec-tokens", type=positive_int, default=4, metavar="K",
-                        help="draft tokens verified per step (default 4; MTP keeps E = K - 1)")
-    parser.add_argument("--mtp-modules", type=positive_int, default=2, metavar="M",
-                        help="MTP draft modules (default 2)")
+    parser.add_argument("--spec-tokens", type=int_in(1, MAX_SPEC_TOKENS), default=4,
+                        metavar="K", help="draft tokens verified per step (default 4, at most "
+                                          f"{MAX_SPEC_TOKENS}; MTP keeps E = K - 1)")
+    parser.add_argument("--mtp-modules", type=int_in(1, MAX_MTP_MODULES), default=2,
+                        metavar="M",
+                        help=f"MTP draft modules (default 2, at most {MAX_MTP_MODULES})")
     parser.add_argument("--force-rejections", action="store_true",
                         help="replace every draft by a wrong token (drives the rejection path)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -211,7 +226,7 @@ def converse(args: argparse.Namespace) -> dict[str, Any]:
     try:
         offloader = KvtierOffloader.for_engine(config, host_bytes=args.host_bytes)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(f"--host-bytes {human_bytes(args.host_bytes)}: {e}") from None
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -284,7 +299,10 @@ def render(report: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     _require_torch()
     report = converse(args)
-    print(json.dumps(report) if args.json else render(report))
+    if args.json:
+        print_json(report)
+    else:
+        print(render(report))
     return 0 if all(t["identical"] for t in report["turns"]) else 1
 
 

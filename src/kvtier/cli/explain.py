@@ -6,7 +6,6 @@ Everything printed comes from ``kvtier.coverage``; this module only formats it.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from kvtier import coverage
@@ -16,6 +15,7 @@ from kvtier.cli.common import (
     human_bytes,
     layout_from_args,
     positive_int,
+    print_json,
     table,
 )
 from kvtier.cli.main import Command
@@ -31,11 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+MAX_CHUNKS = 1_000_000
+"""The most chunks of one group a report lists (it lists every boundary and stored chunk)."""
+
+
 def explain(layout: Layout, num_tokens: int, hit: int | None) -> dict[str, Any]:
     """The explain report as plain data (the ``--json`` object)."""
+    _check_size(layout, num_tokens)
     boundaries = coverage.admissible_boundaries(layout, num_tokens)
     if hit is not None and hit not in boundaries:
         raise UsageError(_bad_hit(layout, num_tokens, hit))
+    repeat = _repeat(layout, num_tokens)
     groups = []
     for i, group in enumerate(layout.groups):
         stored = coverage.store_set(layout, i, num_tokens)
@@ -50,9 +56,28 @@ def explain(layout: Layout, num_tokens: int, hit: int | None) -> dict[str, Any]:
         }
         if hit is not None:
             entry["required_chunks"] = list(coverage.required(group, hit))
+        entry["repeat_chunks"] = list(coverage.required(group, repeat["hit"]))
         groups.append(entry)
     return {"hit_granularity": layout.hit_granularity, "boundaries": list(boundaries),
-            "groups": groups}
+            "repeat": repeat, "groups": groups}
+
+
+def _repeat(layout: Layout, num_tokens: int) -> dict[str, Any]:
+    """The hit of a consumer with this very prompt (``coverage.consumer_hits``), and whether
+    it is the whole-prompt hit at boundary ``num_tokens`` (the last token computed again)."""
+    hits = coverage.consumer_hits(layout, num_tokens)
+    bounds = coverage.admissible_boundaries(layout, num_tokens, num_tokens)
+    return {"hit": hits[-1] if hits else 0,
+            "whole_prompt": bool(bounds) and bounds[-1] == num_tokens}
+
+
+def _check_size(layout: Layout, num_tokens: int) -> None:
+    """UsageError, before computing, if a group would have more than ``MAX_CHUNKS`` chunks."""
+    finest = min(g.tokens_per_chunk for g in layout.groups)
+    if num_tokens > MAX_CHUNKS * finest:
+        raise UsageError(f"--tokens {num_tokens} is {-(-num_tokens // finest)} chunks of "
+                         f"{finest} tokens; the report lists each, so at most {MAX_CHUNKS}: "
+                         f"give --tokens <= {MAX_CHUNKS * finest}")
 
 
 def _bad_hit(layout: Layout, num_tokens: int, hit: int) -> str:
@@ -69,7 +94,8 @@ def _bytes(group: Group, num_chunks: int) -> int | None:
 
 
 def render(report: dict[str, Any], num_tokens: int) -> str:
-    headers = ["group", "kind", "chunk", "stored chunks", "stored", "dense", "stored/dense"]
+    headers = ["group", "kind", "chunk", "stored chunks", "stored", "dense", "stored/dense",
+               "repeat needs"]
     hit = "required_chunks" in report["groups"][0]
     if hit:
         headers.append("required at hit")
@@ -77,7 +103,8 @@ def render(report: dict[str, Any], num_tokens: int) -> str:
     for g in report["groups"]:
         ratio = "-" if not g["dense_bytes"] else f"{g['stored_bytes'] / g['dense_bytes']:.2f}"
         row = [g["name"], g["kind"], g["tokens_per_chunk"], _clip(g["stored_ranges"]),
-               human_bytes(g["stored_bytes"]), human_bytes(g["dense_bytes"]), ratio]
+               human_bytes(g["stored_bytes"]), human_bytes(g["dense_bytes"]), ratio,
+               _clip(coverage.ChunkRanges.from_chunks(g["repeat_chunks"]).compact(), 24)]
         if hit:
             row.append(coverage.ChunkRanges.from_chunks(g["required_chunks"]).compact())
         rows.append(row)
@@ -86,6 +113,11 @@ def render(report: dict[str, Any], num_tokens: int) -> str:
         f"{', '.join(map(str, b[:4]))}, ..., {', '.join(map(str, b[-2:]))} ({len(b)} in all)")
     head = (f"{num_tokens} tokens, hit granularity {report['hit_granularity']}, "
             f"admissible boundaries: {shown or 'none'}")
+    repeat = report["repeat"]
+    again = (f"its whole-prompt hit at boundary {num_tokens}: token {num_tokens - 1} is "
+             "computed again" if repeat["whole_prompt"] else
+             f"the last boundary below token {num_tokens - 1}, which is computed")
+    head += f"\na repeat of this prompt restores {repeat['hit']} tokens ({again})"
     return head + "\n\n" + table(headers, rows)
 
 
@@ -99,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         for g in report["groups"]:
             del g["stored_ranges"]
-        print(json.dumps(report))
+        print_json(report)
     else:
         print(render(report, args.tokens))
     return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,7 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
+EXIT_BROKEN_PIPE = 141
+"""Exit status when the reader of stdout went away (128 + SIGPIPE), as ``yes | head`` has."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``kvtier``; the exit status. Ctrl-C prints one line, a closed pipe nothing."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
+    except KeyboardInterrupt:
+        _say("kvtier: interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
@@ -69,5 +91,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except UsageError as e:
-        print(f"kvtier {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        _say(f"kvtier {args.command}: error: {e}")
+    except MemoryError:
+        _say(f"kvtier {args.command}: error: out of memory: a capacity, trace or option is "
+             "too large for this machine; give smaller ones")
+    return 2
+
+
+def _say(line: str) -> None:
+    """One line on stderr, unless stderr itself is gone."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush cannot fail again."""
+    with contextlib.suppress(OSError, ValueError):  # not a real file (captured): no fd
+        fd = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,16 @@ from kvtier.cli.common import (
     UsageError,
     add_layout_arguments,
     human_bytes,
+    int_in,
     layout_from_args,
     parse_bytes,
     positive_int,
+    print_json,
     table,
 )
 from kvtier.cli.main import Command
 from kvtier.layout import Layout
-from kvtier.replay.bytes_store import BytesOptions, check_options, replay_bytes
+from kvtier.replay.bytes_run import BytesOptions, check_options, replay_bytes
 from kvtier.replay.concurrent import replay_concurrent
 from kvtier.replay.driver import ReplayConfig, Workload, replay
 from kvtier.replay.policies import compared_policies, known_policy
@@ -35,9 +36,20 @@ from kvtier.replay.stats import ReplayStats
 from kvtier.replay.sweep import default_capacities, run_sweep, write_outputs
 from kvtier.replay.synth import SynthConfig, generate
 from kvtier.replay.timing import TimingModel
-from kvtier.replay.trace import BLOCK_TOKENS, TraceError, TraceRequest, read_trace, write_trace
+from kvtier.replay.trace import (
+    BLOCK_TOKENS,
+    MAX_REQUEST_TOKENS,
+    TraceError,
+    TraceRequest,
+    read_trace,
+    write_trace,
+)
+from kvtier.store.host import check_fits_memory
+from kvtier.store.redis_options import redact
 
 DEFAULT_HOST = "64GiB"
+MAX_SWEEP_POINTS = 64
+"""The most host sizes one ``--sweep`` runs (each runs every policy over the whole trace)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(dense, the default), its prompt's end (end), or that and where it "
                              "was seen to share a prefix (shared); fewer store fewer "
                              "sliding-window chunks")
-    parser.add_argument("--block-tokens", type=positive_int, default=BLOCK_TOKENS, metavar="N",
+    parser.add_argument("--block-tokens", type=int_in(1, MAX_REQUEST_TOKENS),
+                        default=BLOCK_TOKENS, metavar="N",
                         help=f"tokens per trace block (default {BLOCK_TOKENS})")
     parser.add_argument("--timing", default="", metavar="SPEC",
                         help="time model, key=value,... over prefill_tokens_per_s, host_gb_per_s,"
@@ -74,9 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "decode_tokens_per_s, prefill_slots")
     parser.add_argument("--concurrent", action="store_true",
                         help="replay at the trace's timestamps, prefill and decoding overlapping")
-    parser.add_argument("--sweep", type=positive_int, nargs="?", const=8, metavar="POINTS",
-                        help="sweep host capacity (POINTS sizes, default 8) for every policy and "
-                             "write sweep.csv, sweep.json and sweep.png to --out")
+    parser.add_argument("--sweep", type=int_in(2, MAX_SWEEP_POINTS), nargs="?", const=8,
+                        metavar="POINTS",
+                        help=f"sweep host capacity (POINTS sizes, 2 to {MAX_SWEEP_POINTS}, default"
+                             " 8) for every policy and write sweep.csv, sweep.json and sweep.png "
+                             "to --out")
     parser.add_argument("--out", default="replay-sweep", metavar="DIR",
                         help="directory for --sweep outputs (default ./replay-sweep)")
     parser.add_argument("--json", action="store_true",
@@ -136,7 +151,11 @@ def _requests(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
     except (TraceError, ValueError) as e:
         raise UsageError(str(e)) from None
     if args.save_trace:
-        write_trace(reqs, args.save_trace)
+        try:
+            write_trace(reqs, args.save_trace)
+        except OSError as e:
+            raise UsageError(f"--save-trace {args.save_trace}: cannot write a trace file there "
+                             f"({e.strerror or e}); give a file in an existing directory") from None
     return reqs, name
 
 
@@ -144,9 +163,13 @@ def _policies(text: str) -> list[str]:
     if text == "all":
         return compared_policies()
     try:
-        return [known_policy(p.strip()) for p in text.split(",") if p.strip()]
+        names = [known_policy(p.strip()) for p in text.split(",") if p.strip()]
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if not names:
+        raise UsageError(f"--policy {text!r} names no policy; give one or more of "
+                         f"{', '.join(compared_policies())}, or 'all'")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -161,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     host = _slots(layout, host_bytes, args.host_chunks, "--host")
     disk = _slots(layout, args.disk, args.disk_chunks, "--disk")
     bytes_options = _bytes_options(args, policies, disk)
+    if bytes_options is not None:
+        _check_slab(host, bytes_options.slot_bytes)
     reqs, name = _requests(args)
     config = ReplayConfig(layout, args.block_tokens, args.store, timing, args.boundaries)
     show = not args.json
@@ -175,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
     if bytes_options is not None:
         runner = functools.partial(replay_bytes, options=bytes_options)
         meta["bytes"] = {"slot_bytes": bytes_options.slot_bytes,
-                         "disk_dir": bytes_options.disk_dir, "redis": bytes_options.redis_url}
+                         "disk_dir": bytes_options.disk_dir,
+                         "redis": bytes_options.redis_url and redact(bytes_options.redis_url)}
     if args.sweep:
         return _sweep(args, workload, policies, disk, meta, runner)
     results = []
@@ -203,11 +229,22 @@ def _bytes_options(
     if args.disk_dir is not None and not disk:
         raise UsageError("--disk-dir needs a disk tier: give --disk BYTES or --disk-chunks N")
     try:
-        options = BytesOptions(args.slot_bytes or 4096, args.disk_dir, args.redis)
+        slot_bytes = 4096 if args.slot_bytes is None else args.slot_bytes
+        options = BytesOptions(slot_bytes, args.disk_dir, args.redis)
         check_options(options, policies, bool(disk))
     except ValueError as e:
         raise UsageError(str(e)) from None
     return options
+
+
+def _check_slab(host_slots: int, slot_bytes: int) -> None:
+    """``--bytes`` allocates ``host_slots`` real slots: refuse, before, what cannot fit."""
+    try:
+        check_fits_memory(host_slots * slot_bytes,
+                          f"--bytes: the host slab ({host_slots} slots of --slot-bytes "
+                          f"{human_bytes(slot_bytes)})")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _sweep(args: argparse.Namespace, workload: Workload, policies: list[str], disk: int,
@@ -222,7 +259,7 @@ def _sweep(args: argparse.Namespace, workload: Workload, policies: list[str], di
     except (OSError, ValueError) as e:
         raise UsageError(f"--out {args.out}: {e}") from None
     if args.json:
-        print(json.dumps({**meta, "rows": rows, "files": [str(p) for p in paths]}))
+        print_json({**meta, "rows": rows, "files": [str(p) for p in paths]})
         return 0
     headers = ["policy", "host chunks", "host bytes", "block hit", "token hit"]
     print(table(headers, [[r["policy"], r["host_slots"], human_bytes(r["host_bytes"]),
@@ -238,7 +275,7 @@ def _report(args: argparse.Namespace, meta: dict[str, Any], results: list[Replay
         out = {**meta, "requests": first["requests"], "block_hit_rate": first["block_hit_rate"],
                "token_hit_rate": first["token_hit_rate"], "policy": first["policy"],
                "policies": {r.policy: r.as_dict() for r in results}}
-        print(json.dumps(out))
+        print_json(out)
         return
     print(_head(meta, results[0]))
     print()

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtier.coverage import restored_blocks, retained, retained_blocks
+from kvtier.coverage import restored_blocks, retained, retained_blocks, whole_prompt_hit
 from kvtier.engine.attention import attend, attention_mask
 from kvtier.engine.blocks import BlockTable, PagedKVCache
 from kvtier.engine.config import EngineConfig
@@ -147,15 +147,20 @@ class Engine:
             self._offloader.on_allocated(request, hit, request.tables_snapshot())
 
     def _check_hit(self, request: Request, hit: object) -> None:
-        align = self.config.block_alignment
+        """A hit is a multiple of every group's block size below the prompt's last token, or
+        the whole prompt but that token where the layout allows it
+        (``coverage.whole_prompt_hit``: the engine computes the last token again)."""
+        align, last = self.config.block_alignment, request.num_prompt_tokens - 1
+        whole = hit == last and whole_prompt_hit(self.layout, request.num_prompt_tokens)
         if (
             not isinstance(hit, int) or isinstance(hit, bool)
-            or not 0 <= hit < request.num_prompt_tokens or hit % align
+            or not 0 <= hit <= last or (hit % align and not whole)
         ):
             raise ValueError(
                 f"offloader.lookup({request.request_id!r}) returned {hit!r}; a hit must be an "
-                f"int multiple of {align} (every group's tokens_per_block) in "
-                f"[0, {request.num_prompt_tokens - 1}] (the last prompt token is computed)"
+                f"int multiple of {align} (every group's tokens_per_block) in [0, {last}] (the "
+                f"last prompt token is computed), or {last} where the layout allows a "
+                "whole-prompt hit"
             )
 
     def _finish_load(self, request: Request) -> None:

@@ -1,7 +1,8 @@
 """Choosing the hit: the largest admissible boundary whose chunks are all available.
 
 A lookup never assumes which boundaries a producer served (DESIGN section 3): it walks the
-candidate boundaries from the largest down, classifies each chunk the first time a
+candidate hits (``coverage.consumer_hits``: the boundaries, the whole-prompt one restoring a
+token less) from the largest down, classifies each chunk the first time a
 candidate needs it (one batched store lookup per group and candidate that brings new
 chunks into view), and stops at the first candidate whose chunks are all ready. Before
 that, the chunks every candidate needs are looked up alone: a new prompt lacks its first
@@ -37,15 +38,17 @@ class Availability:
     best_soon: int
 
 
-def candidate_boundaries(
-    layout: Layout, num_prompt_tokens: int, on_device: int, max_load_tokens: int | None
+def candidate_hits(
+    layout: Layout, num_tokens: int, on_device: int, max_load_tokens: int | None
 ) -> list[int]:
-    """Admissible consumer boundaries past ``on_device``, largest first."""
-    bounds = coverage.admissible_boundaries(layout, num_prompt_tokens, num_prompt_tokens)
-    low = bisect_right(bounds, on_device)
-    high = len(bounds) if max_load_tokens is None else bisect_right(
-        bounds, on_device + max_load_tokens)
-    return list(bounds[low:high][::-1])
+    """The hits a consumer knowing ``num_tokens`` tokens may take past ``on_device`` (and
+    within ``max_load_tokens`` of it), largest first: ``coverage.consumer_hits``. Example:
+    granularity 64, 256 tokens, nothing on device: [255, 192, 128, 64]."""
+    hits = coverage.consumer_hits(layout, num_tokens)
+    low = bisect_right(hits, on_device)
+    high = len(hits) if max_load_tokens is None else bisect_right(
+        hits, on_device + max_load_tokens)
+    return hits[low:high][::-1]
 
 
 def ready_at(
@@ -56,9 +59,10 @@ def ready_at(
     states: Callable[[list[ChunkKey]], list[ChunkState]],
     loading_elsewhere: Callable[[ChunkKey], bool] | None,
 ) -> list[list[ChunkKey]] | None:
-    """The fast path: per group, the key of each chunk a hit at ``b`` loads (in chunk
-    order), if every one is ready (the common case of a prompt stored whole), else None.
-    Each group's last chunk is looked up first: a partial hit or a new prompt lacks it."""
+    """The fast path: per group, the key of each chunk a hit at ``b`` (a candidate hit)
+    loads (in chunk order), if every one is ready (the common case of a prompt stored
+    whole), else None. Each group's last chunk is looked up first: a partial hit or a new
+    prompt lacks it."""
     ranges = [coverage.load_chunks(g, b, on_device) for g in layout.groups]
     lasts = [chain.keys(gi, r[-1:]) for gi, r in enumerate(ranges)]
     if ChunkState.ABSENT in states([*itertools.chain.from_iterable(lasts)]):

@@ -25,6 +25,7 @@ the engine does not hold.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections import Counter
@@ -35,7 +36,7 @@ from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
 from kvtier.planner.binding import BlockTable, ChunkBinder, Fences
-from kvtier.planner.lookup import assess, candidate_boundaries, hit_keys, ready_at
+from kvtier.planner.lookup import assess, candidate_hits, hit_keys, ready_at
 from kvtier.planner.requests import PendingHit, RequestState, load_block_ids
 from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
@@ -69,8 +70,9 @@ class Planner:
         wait_timeout_s: float = 0.05,
         tier_name: str = "host",
     ) -> None:
-        if wait_timeout_s < 0:
-            raise ValueError(f"wait_timeout_s must be >= 0, got {wait_timeout_s}")
+        if not 0 <= wait_timeout_s < math.inf:  # NaN compares false: refused too
+            raise ValueError(f"wait_timeout_s must be a finite number >= 0 (seconds), got "
+                             f"{wait_timeout_s}")
         self.layout, self.store, self.namespace = layout, store, namespace
         self.clock, self.wait_timeout_s, self.tier_name = clock, wait_timeout_s, tier_name
         self.metrics = Metrics()
@@ -128,8 +130,10 @@ class Planner:
 
     def lookup(self, request_id: str, on_device: int = 0) -> Lookup:
         """Hit, miss or wait for ``request_id``, whose first ``on_device`` tokens the engine
-        already holds. A hit pins its chunks until ``accept_hit``'s load completes or
-        ``decline_hit``; asking again before that returns the same hit."""
+        already holds. Every token known counts (``append_tokens`` a preempted request's
+        output before it resumes), capped as ``coverage.consumer_hits`` says. A hit pins
+        its chunks until ``accept_hit``'s load completes or ``decline_hit``; asking again
+        before that returns the same hit."""
         with self._lock, self.store.lock:
             req = self._request(request_id)
             if req.hit is not None:
@@ -142,8 +146,9 @@ class Planner:
             return result
 
     def _decide(self, req: RequestState, on_device: int) -> Lookup:
-        candidates = candidate_boundaries(
-            self.layout, req.num_prompt, on_device, req.limits.max_load_tokens
+        # every token known may have stored KV: a resumed request's output too
+        candidates = candidate_hits(
+            self.layout, req.chain.num_tokens, on_device, req.limits.max_load_tokens
         )
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
@@ -179,10 +184,11 @@ class Planner:
     ) -> Lookup:
         """Pin ``keys`` (per group, the chunks a hit at ``b`` loads) and record the hit.
 
-        A store whose ``lookup`` promotes from a lower tier at once (the replay's
-        ``MetadataTiers``) protects only the keys of that call, so a promotion for one
-        group may have evicted a chunk another call found: the hit's chunks are then asked
-        for together, and pinned if that brought them all back, else the lookup misses."""
+        A store whose ``lookup`` promotes from a lower tier at once (a ``TieredStore``
+        over synchronous tiers: the metadata replay's) protects only the keys of that
+        call, so a promotion for one group may have evicted a chunk another call found:
+        the hit's chunks are then asked for together, and pinned if that brought them all
+        back, else the lookup misses."""
         chunks = tuple(
             ChunkRanges.of([(r.start, r.stop)]) if (r := coverage.load_chunks(g, b, on_device))
             else ChunkRanges()

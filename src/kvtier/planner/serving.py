@@ -2,10 +2,10 @@
 
 ``new_chunks`` is what ``Planner.on_computed`` plans after each step: in ``dense`` mode
 ``coverage.store_delta`` of every group (the request serves every admissible boundary); in
-the other modes full-attention groups still follow ``store_delta`` (their store sets are
-prefixes: every chunk is stored) and partial-window groups ``coverage.serve_delta`` over
-the boundaries the request starts serving. ``shared_point`` is read at lookup, from the
-same store the lookup reads.
+the other modes the groups ``boundaries.prunable`` keeps (full attention, whose store sets
+are prefixes, and chunked local unless pruned on request) still follow ``store_delta``,
+and the others ``coverage.serve_delta`` over the boundaries the request starts serving.
+``shared_point`` is read at lookup, from the same store the lookup reads.
 
 Example (tests/planner/test_boundaries_scenarios.py): full + sliding window 16 in 16-token
 chunks; producer A (100 tokens) serves 96 and stores sliding chunk 5 only; B shares A's
@@ -41,7 +41,8 @@ def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, i
                                         num_prompt=req.num_prompt, shared=req.shared_point)
     out: list[tuple[int, int]] = []
     for gi, group in enumerate(layout.groups):
-        if mode == "dense" or not boundaries.prunable(group):
+        if mode == "dense" or not boundaries.prunable(
+                group, prune_chunked_local=req.limits.prune_chunked_local):
             delta = coverage.store_delta(layout, gi, req.stored_horizon, cap)
         else:
             delta = coverage.serve_delta(layout, gi, req.served, fresh)
@@ -60,7 +61,7 @@ def shared_point(
     top = bounds[-1] if bounds else 0
     present = []
     for gi, group in enumerate(layout.groups):
-        if boundaries.prunable(group) or not top:
+        if not coverage.needs_predecessor(group) or not top:
             present.append(0)
             continue
         wanted = coverage.load_chunks(group, top, on_device)

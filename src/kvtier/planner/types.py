@@ -28,8 +28,9 @@ class Outcome(enum.Enum):
 class Lookup:
     """The answer to ``Planner.lookup``.
 
-    ``hit_tokens`` is the boundary ``b`` (tokens ``[0, b)`` restored, the engine computes
-    from ``b``); for a miss it equals the tokens the engine already has. ``chunks`` are the
+    ``hit_tokens`` is the hit ``h`` (tokens ``[0, h)`` restored, the engine computes from
+    ``h``): a boundary, or one token less for a whole-prompt hit (``coverage.consumer_hit``);
+    for a miss it equals the tokens the engine already has. ``chunks`` are the
     chunks to load per group (group outermost). ``wait_until`` is the deadline of a wait.
     """
 
@@ -97,6 +98,10 @@ class RequestLimits:
     """Which admissible boundaries the request serves as a producer (``kvtier.boundaries``):
     ``dense`` every one; ``end`` its prompt end and later ends; ``shared`` those and where
     it was seen to share a prefix. Fewer store fewer partial-window chunks."""
+    prune_chunked_local: bool = False
+    """With ``end`` or ``shared``: also prune chunked-local groups (store only the local
+    span of each served boundary). By default they are stored as in ``dense``: every
+    boundary within an attention chunk keeps a hit (``kvtier.boundaries.prunable``)."""
 
     def __post_init__(self) -> None:
         for name in ("max_load_tokens", "max_store_tokens"):
@@ -106,6 +111,9 @@ class RequestLimits:
         if self.store not in ("prompt", "all", "none"):
             raise ValueError(f"store must be 'prompt', 'all' or 'none', got {self.store!r}")
         check_mode(self.boundaries)
+        if not isinstance(self.prune_chunked_local, bool):
+            raise ValueError(
+                f"prune_chunked_local must be true or false, got {self.prune_chunked_local!r}")
 
 
 _NO_LOOKUPS = {o.value: 0 for o in Outcome}

@@ -3,10 +3,13 @@
 * ``trace``: Mooncake-format traces, read with line-numbered errors; the bundled trace;
 * ``synth``: synthetic multi-round conversation traces in the same format;
 * ``refs``: each request's synthetic token stream and the chunks it references;
-* ``sim``: the sequential replay through the real ``Planner`` and store;
+* ``driver``: the sequential replay through the real ``Planner`` and store;
 * ``concurrent``: the replay at the trace's timestamps, prefill and decoding overlapping;
-* ``policies``, ``tiers``, ``timing``, ``stats``: what a replay compares, where chunks
-  live, the TTFT model, and the counts;
+* ``store``: the replay's store, the real ``TieredStore`` plus the driver's queries;
+  ``metadata``: it over tiers that keep only keys; ``bytes_store``: it over real tiers,
+  with a verifying data plane; ``bytes_run``: ``--bytes``, its options and report;
+* ``policies``, ``timing``, ``options``, ``stats``: what a replay compares, the TTFT
+  model, ``key=value`` option strings, and the counts;
 * ``sweep``: hit rate against capacity, as CSV, JSON and a plot.
 """
 

@@ -23,24 +23,15 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from kvtier.replay.driver import Driver, Workload, make_store
+from kvtier.replay.driver import Driver, VirtualClock, Workload, make_store
 from kvtier.replay.stats import ReplayStats
-
-
-@dataclass
-class _Clock:
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class _Sim:
     """The event loop: arrivals, prefill completions and finishes."""
 
-    def __init__(self, workload: Workload, driver: Driver, clock: _Clock, slots: int) -> None:
+    def __init__(self, workload: Workload, driver: Driver, clock: VirtualClock, slots: int) -> None:
         self.workload, self.driver, self.clock, self.slots = workload, driver, clock, slots
         self.timing = workload.config.timing
         self.events: list[tuple[float, int, str, int]] = []
@@ -97,7 +88,7 @@ def replay_concurrent(
 ) -> ReplayStats:
     """Replay ``workload`` at its timestamps (module docstring) with ``policy``."""
     started = time.perf_counter()
-    clock = _Clock()
+    clock = VirtualClock()
     store = make_store(workload, policy, host_slots, disk_slots)
     driver = Driver(workload.config, store, policy, clock=clock)
     _Sim(workload, driver, clock, workload.config.timing.prefill_slots).run(progress)

@@ -2,8 +2,8 @@
 
 For each request, in trace order (``replay``):
 
-1. read where its referenced chunks are (``MetadataTiers.locate``): the block hit, by
-   prefix semantics over every group's required chunks (``block_hit``);
+1. read where its referenced chunks are (``ReplayStore.locate``, any tier): the block hit,
+   by prefix semantics over every group's required chunks (``block_hit``);
 2. the planner's lookup decides the hit (whole chunks, at most ``prompt - 1`` tokens, by
    ``kvtier.coverage``); a hit is accepted and its load completed at once;
 3. chunks the request references that are cached but not loaded are held (pinned, so its
@@ -32,7 +32,7 @@ from kvtier.boundaries import BoundaryMode
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
-from kvtier.replay.metadata import DISK, HOST, MetadataTiers, ReplayStore
+from kvtier.replay.metadata import metadata_store
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
 from kvtier.replay.refs import (
     RequestRefs,
@@ -42,8 +42,10 @@ from kvtier.replay.refs import (
     token_stream,
 )
 from kvtier.replay.stats import GroupCounts, ReplayStats
+from kvtier.replay.store import DISK, HOST, ReplayStore
 from kvtier.replay.timing import TimingModel
 from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest
+from kvtier.store import Policy
 
 
 @dataclass(frozen=True)
@@ -79,14 +81,31 @@ class Workload:
         return len({k for r in self.refs for k in r.keys})
 
 
-def make_store(workload: Workload, policy: str, host_slots: int, disk_slots: int = 0
-               ) -> MetadataTiers:
-    """The tiers for one replay; ``infinite`` gets a slot for every distinct chunk."""
+class VirtualClock:
+    """Seconds that pass only when the replay says so (``now``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def replay_policy(workload: Workload, policy: str, host_slots: int, disk_slots: int
+                  ) -> tuple[Policy, int, int]:
+    """The host policy for one replay and the slots of host memory and disk: ``infinite``
+    gets a host slot for every distinct chunk and no disk, ``belady`` the future."""
     if policy == INFINITE:
         host_slots, disk_slots = max(1, workload.num_distinct_chunks()), 0
     future = workload.future() if policy == "belady" else ()
-    return MetadataTiers(host_slots, policy=build_policy(policy, host_slots, future),
-                         disk_slots=disk_slots)
+    return build_policy(policy, host_slots, future), host_slots, disk_slots
+
+
+def make_store(workload: Workload, policy: str, host_slots: int, disk_slots: int = 0
+               ) -> ReplayStore:
+    """The metadata tiers for one replay (``replay_policy``)."""
+    built, host_slots, disk_slots = replay_policy(workload, policy, host_slots, disk_slots)
+    return metadata_store(host_slots, policy=built, disk_slots=disk_slots)
 
 
 def replay(

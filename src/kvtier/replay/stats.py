@@ -57,23 +57,30 @@ class ReplayStats:
     slots: dict[str, int]
     """Slots per tier (``host``, and ``disk`` when modelled)."""
     groups: list[GroupCounts]
+    """Chunk counts per KV-cache group, in the layout's order."""
     requests: int = 0
     block_refs: int = 0
+    """Trace blocks the requests referenced."""
     block_hits: int = 0
+    """Referenced blocks cached in some tier, by prefix (``driver.block_hit``)."""
     prompt_tokens: int = 0
     hit_tokens: int = 0
+    """Prompt tokens restored by the planner's hits (whole chunks)."""
     hit_requests: int = 0
     chunks_loaded_by_tier: dict[str, int] = field(default_factory=dict)
+    """Chunks the hits loaded, by the tier each was found in."""
     bytes_loaded_by_tier: dict[str, int] = field(default_factory=dict)
     store_refusals: int = 0
+    """Stores the store refused (every slot pinned or offered)."""
     waits: int = 0
+    """Lookups the planner answered WAIT (``--bytes``: promotions under way)."""
     ttft_cold_s: float = 0.0
     """Sum over requests of the modelled TTFT without the cache."""
     ttft_s: float = 0.0
     """Sum over requests of the modelled TTFT with the cache."""
     wall_s: float = 0.0
     tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """``--bytes`` only: per tier, the real store's counters (``bytes_store.tier_report``)."""
+    """``--bytes`` only: per tier, the real store's counters (``bytes_run.tier_report``)."""
     verified_chunks: int = 0
     """``--bytes``: loaded chunks whose host slot read back exactly the bytes stored."""
     corrupt_chunks: int = 0

@@ -20,19 +20,26 @@ does not repeat.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Hashable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from kvtier.replay.options import parse_options
-from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest
+from kvtier.replay.options import Options
+from kvtier.replay.trace import BLOCK_TOKENS, MAX_TIMESTAMP_MS, TraceRequest
 
 _RATES = ("arrival_rate_per_s", "decode_tokens_per_s")
+MAX_BLOCKS = 2_000_000
+"""The most hash ids a synthetic trace may hold (``expected_blocks``): about 10 s to
+generate, 200 times the default trace."""
 
 
 @dataclass(frozen=True)
-class SynthConfig:
+class SynthConfig(Options):
     """Parameters of the synthetic workload (means where lengths are random)."""
+
+    where: ClassVar[str] = "synthetic"
 
     users: int = 200
     """Conversations, one per user."""
@@ -55,25 +62,19 @@ class SynthConfig:
     seed: int = 0
     """Random seed: the same config gives the same trace."""
 
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            is_int = isinstance(value, int) and not isinstance(value, bool)
-            if f.name in _RATES:
-                ok, want = isinstance(value, (int, float)) and value > 0, "a number > 0"
-            elif f.name == "think_time_s":
-                ok, want = isinstance(value, (int, float)) and value >= 0, "a number >= 0"
-            elif f.name == "seed":
-                ok, want = is_int and value >= 0, "an integer >= 0"
-            else:
-                ok, want = is_int and value >= 1, "an integer >= 1"
-            if isinstance(value, bool) or not ok:
-                raise ValueError(f"synthetic: {f.name} must be {want}, got {value!r}")
-
-    @classmethod
-    def parse(cls, text: str) -> SynthConfig:
-        """``"users=100,turns=8"``; unknown keys are rejected with the known ones."""
-        return parse_options(cls, text, "synthetic")
+    @staticmethod
+    def allowed(name: str, value: Any) -> tuple[bool, str]:
+        """Rates are finite and positive, the think time finite and not negative, the seed an
+        integer >= 0, every count an integer >= 1."""
+        is_int = isinstance(value, int)
+        number = is_int or (isinstance(value, float) and math.isfinite(value))
+        if name in _RATES:
+            return number and value > 0, "a finite number > 0"
+        if name == "think_time_s":
+            return number and value >= 0, "a finite number >= 0"
+        if name == "seed":
+            return is_int and value >= 0, "an integer >= 0"
+        return is_int and value >= 1, "an integer >= 1"
 
 
 class _Ids:
@@ -86,8 +87,25 @@ class _Ids:
         return self._ids.setdefault(identity, len(self._ids))
 
 
+def expected_blocks(config: SynthConfig, block_tokens: int = BLOCK_TOKENS) -> int:
+    """About how many hash ids the trace holds: users x turns x blocks of a mean prompt
+    (the system prompt and ``turns`` rounds of message and answer); the cost of ``generate``.
+
+    >>> expected_blocks(SynthConfig(users=200, turns=5))  # 200 x 5 x ceil(5548 / 512)
+    11000
+    """
+    prompt = config.system_tokens + config.turns * (config.user_tokens + config.output_tokens)
+    return config.users * config.turns * -(-prompt // block_tokens)
+
+
 def generate(config: SynthConfig, block_tokens: int = BLOCK_TOKENS) -> list[TraceRequest]:
-    """The synthetic trace, in arrival order."""
+    """The synthetic trace, in arrival order; ValueError, before generating, if it would
+    hold more than ``MAX_BLOCKS`` hash ids, or arrive later than ``MAX_TIMESTAMP_MS``."""
+    blocks = expected_blocks(config, block_tokens)
+    if blocks > MAX_BLOCKS:
+        raise ValueError(f"synthetic: users x turns x prompt blocks is about {blocks:.3g} "
+                         f"hash ids; at most {MAX_BLOCKS:,}: lower users, turns or the token "
+                         "counts")
     rng = random.Random(config.seed)
     ids = _Ids()
     out: list[TraceRequest] = []
@@ -96,6 +114,10 @@ def generate(config: SynthConfig, block_tokens: int = BLOCK_TOKENS) -> list[Trac
         start += rng.expovariate(config.arrival_rate_per_s)
         out += _conversation(config, rng, ids, user, start, block_tokens)
     out.sort(key=lambda r: r.timestamp_ms)
+    if out[-1].timestamp_ms > MAX_TIMESTAMP_MS:
+        raise ValueError(f"synthetic: the last request would arrive after {MAX_TIMESTAMP_MS} ms;"
+                         " raise arrival_rate_per_s or decode_tokens_per_s, or lower "
+                         "think_time_s")
     return out
 
 

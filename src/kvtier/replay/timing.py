@@ -24,14 +24,23 @@ difference.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from kvtier.replay.options import parse_options
+from kvtier.replay.options import Options
+
+MAX_VALUE = 1e12
+"""The largest value of any timing parameter."""
+MIN_RATE = 1e-6
+"""The smallest rate: with every value bounded so, every modelled time is a finite number."""
+_RATES = ("prefill_tokens_per_s", "host_gb_per_s", "disk_gb_per_s", "decode_tokens_per_s")
 
 
 @dataclass(frozen=True)
-class TimingModel:
+class TimingModel(Options):
     """Parameters of the TTFT model (module docstring)."""
+
+    where: ClassVar[str] = "timing"
 
     prefill_tokens_per_s: float = 10_000.0
     """Prompt tokens one engine prefills per second."""
@@ -48,23 +57,15 @@ class TimingModel:
     prefill_slots: int = 1
     """Requests the engine prefills at once, each at the full rate (``--concurrent``)."""
 
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"timing: {f.name} must be a number >= 0, got {value!r}")
-        for name in ("prefill_tokens_per_s", "host_gb_per_s", "disk_gb_per_s",
-                     "decode_tokens_per_s"):
-            if getattr(self, name) == 0:
-                raise ValueError(f"timing: {name} must be > 0")
-        if not isinstance(self.prefill_slots, int) or self.prefill_slots < 1:
-            raise ValueError(f"timing: prefill_slots must be an integer >= 1, "
-                             f"got {self.prefill_slots!r}")
-
-    @classmethod
-    def parse(cls, text: str) -> TimingModel:
-        """``"prefill_tokens_per_s=8000,host_gb_per_s=50"``; unknown keys are rejected."""
-        return parse_options(cls, text, "timing")
+    @staticmethod
+    def allowed(name: str, value: Any) -> tuple[bool, str]:
+        """``prefill_slots`` an integer in ``[1, MAX_VALUE]``, rates numbers in ``[MIN_RATE,
+        MAX_VALUE]``, every other value a number in ``[0, MAX_VALUE]``."""
+        if name == "prefill_slots":
+            return isinstance(value, int) and 1 <= value <= MAX_VALUE, "an integer >= 1"
+        low, want = (MIN_RATE, "> 0") if name in _RATES else (0, ">= 0")
+        ok = isinstance(value, (int, float)) and low <= value <= MAX_VALUE
+        return ok, f"{want}, a number in [{low:g}, {MAX_VALUE:g}]"
 
     def prefill_s(self, tokens: int) -> float:
         return tokens / self.prefill_tokens_per_s

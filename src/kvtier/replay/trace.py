@@ -11,6 +11,11 @@ block of the prompt (512 in Mooncake's traces; the last block may be partial). A
 the block *and everything before it*, so two requests share a prefix exactly as far as
 their id lists agree.
 
+Sizes are bounded, so that one hostile line cannot take the replay's memory or time: a line
+of at most ``MAX_LINE_CHARS`` characters, a prompt and an answer of at most
+``MAX_REQUEST_TOKENS`` tokens each, at most ``MAX_HASH_IDS`` ids, a finite timestamp of at
+most ``MAX_TIMESTAMP_MS``.
+
 Every problem is a ``TraceError`` naming the file and line, so that a user can fix it
 (doctests run with ELLIPSIS):
 
@@ -38,6 +43,14 @@ BLOCK_TOKENS = 512
 """Tokens per trace block in Mooncake's traces."""
 BUNDLED_TRACE = "mooncake_conversation.jsonl.gz"
 """The bundled copy of Mooncake's conversation trace (package data, Apache-2.0)."""
+MAX_REQUEST_TOKENS = 2**25
+"""The longest prompt, and the longest answer, of one request: 33,554,432 tokens."""
+MAX_HASH_IDS = 2**20
+"""The most hash ids one request may have (a prompt of 2**25 tokens in 32-token blocks)."""
+MAX_LINE_CHARS = 2**25
+"""The longest trace line: 32 Mi characters holds ``MAX_HASH_IDS`` ids of 20 digits."""
+MAX_TIMESTAMP_MS = 2**53
+"""The latest arrival, in milliseconds (every integer up to it is exact as a float)."""
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _MAX_ID = 2**64 - 1
 
@@ -97,9 +110,17 @@ def read_trace(
     name = BUNDLED_TRACE if source is None else str(source)
     with _open_text(path) as f:
         try:
-            return parse_lines(f, block_tokens=block_tokens, limit=limit, name=name)
+            return parse_lines(_bounded_lines(f), block_tokens=block_tokens, limit=limit,
+                               name=name)
         except (UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as e:
             raise TraceError(f"{name}: not a readable text trace ({e})") from None
+
+
+def _bounded_lines(f: IO[str]) -> Iterator[str]:
+    """The lines of ``f``, none read past ``MAX_LINE_CHARS + 1`` characters (``/dev/zero``
+    is one endless line: ``parse_lines`` refuses it at that length)."""
+    while line := f.readline(MAX_LINE_CHARS + 1):
+        yield line
 
 
 def parse_lines(
@@ -112,6 +133,9 @@ def parse_lines(
     for number, line in enumerate(lines, start=1):
         if limit is not None and len(out) >= limit:
             break
+        if len(line) > MAX_LINE_CHARS:
+            raise TraceError(f"{name} line {number}: longer than {MAX_LINE_CHARS} characters; "
+                             "a request is one JSON object per line")
         if not line.strip():
             continue
         req = _parse_line(line, block_tokens, f"{name} line {number}")
@@ -130,14 +154,21 @@ def _parse_line(line: str, block_tokens: int, where: str) -> TraceRequest:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise TraceError(f"{where}: not a usable JSON value ({e})") from None
+    except RecursionError:
+        raise TraceError(f"{where}: JSON nested too deeply; a request is one flat "
+                         "object") from None
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object with fields {list(_FIELDS)}")
     missing = [f for f in _FIELDS if f not in obj]
     if missing:
         raise TraceError(f"{where}: missing field(s) {missing}; a request needs {list(_FIELDS)}")
     ts = obj["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not ts >= 0:
-        raise TraceError(f"{where}: timestamp must be a number of milliseconds >= 0, got {ts!r}")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts <= (
+            MAX_TIMESTAMP_MS):
+        raise TraceError(f"{where}: timestamp must be a number of milliseconds from 0 to "
+                         f"2**53, got {ts!r:.40}")
     inp = _count(obj["input_length"], "input_length", 1, where)
     outp = _count(obj["output_length"], "output_length", 0, where)
     ids = _hash_ids(obj["hash_ids"], where)
@@ -149,17 +180,23 @@ def _parse_line(line: str, block_tokens: int, where: str) -> TraceRequest:
 
 
 def _count(value: object, field: str, low: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise TraceError(f"{where}: {field} must be an integer >= {low}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            low <= value <= MAX_REQUEST_TOKENS):
+        raise TraceError(f"{where}: {field} must be an integer >= {low} and <= "
+                         f"{MAX_REQUEST_TOKENS}, got {value!r:.40}")
     return value
 
 
 def _hash_ids(value: object, where: str) -> tuple[int, ...]:
     if not isinstance(value, list):
         raise TraceError(f"{where}: hash_ids must be a list of integers, got {value!r:.40}")
+    if len(value) > MAX_HASH_IDS:
+        raise TraceError(f"{where}: {len(value)} hash_ids; a request has at most "
+                         f"{MAX_HASH_IDS}")
     for i, h in enumerate(value):
         if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= _MAX_ID:
-            raise TraceError(f"{where}: hash_ids[{i}] must be an integer in [0, 2**64), got {h!r}")
+            raise TraceError(f"{where}: hash_ids[{i}] must be an integer in [0, 2**64), "
+                             f"got {h!r:.40}")
     return tuple(value)
 
 

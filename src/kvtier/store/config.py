@@ -35,12 +35,24 @@ ValueError: [host]: unknown key 'size'; known keys: ['capacity', 'pin_memory', '
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from kvtier.store.redis_options import (
+    MAX_TIMEOUT_S,
+    MAX_TTL_S,
+    check_url,
+    read_password,
+    redact,
+)
+
+if TYPE_CHECKING:
+    from kvtier.store.seal import Seal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -68,12 +80,13 @@ def parse_size(value: int | str, where: str = "size") -> int:
         return value
     m = _SIZE.match(value) if isinstance(value, str) else None
     unit = _UNITS.get(m.group(2).upper()) if m else None
-    if m is None or unit is None or float(m.group(1)) * unit < 1:
+    size = float(m.group(1)) * unit if m and unit else 0.0
+    if not 1 <= size < math.inf:  # '9' * 400 + 'GiB' is an infinite float
         raise ValueError(
             f"{where}: expected a positive size such as 4096, '512MiB' or '64GB', got "
-            f"{value!r} (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+            f"{value!r:.60} (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
         )
-    return int(float(m.group(1)) * unit)
+    return int(size)
 
 
 def _check_choice(where: str, value: object, choices: tuple[str, ...]) -> None:
@@ -81,11 +94,30 @@ def _check_choice(where: str, value: object, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{where}: must be one of {list(choices)}, got {value!r}")
 
 
-def _check_number(where: str, value: object, *, low: float, integer: bool = False) -> None:
+def check_number(
+    where: str, value: object, *, low: float, high: float = math.inf, integer: bool = False
+) -> None:
+    """``ValueError`` unless ``value`` is a finite number (an int if ``integer``) in
+    ``[low, high]``: NaN and infinity are refused wherever a number is read.
+
+    >>> check_number("timeout_s", float("inf"), low=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout_s: must be a finite number >= 0, got inf
+    """
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < low:
-        kind = "an integer" if integer else "a number"
-        raise ValueError(f"{where}: must be {kind} >= {low}, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, kinds)
+            or not _finite(value) or not low <= value <= high):
+        kind = "an integer" if integer else "a finite number"
+        bound = f"in {low}..{high}" if math.isfinite(high) else f">= {low}"
+        raise ValueError(f"{where}: must be {kind} {bound}, got {value!r}")
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past every float: 10**400 seconds is no timeout either
+        return False
 
 
 def _set_size(obj: object, name: str, where: str) -> None:
@@ -130,6 +162,13 @@ class DiskConfig:
     """I/O threads of the tier."""
     fsync: bool = True
     """fsync each chunk and the directory before it becomes visible (durability)."""
+    secret_file: str | None = None
+    """A file holding the secret that authenticates records (HMAC-SHA256): without it
+    nobody can forge a chunk here. Every process sharing the records needs the same one."""
+    secret_env: str | None = None
+    """An environment variable holding that secret (instead of ``secret_file``)."""
+    encrypt: bool = False
+    """Encrypt records with AES-GCM under the secret (needs it, and ``kvtier[crypto]``)."""
 
     @property
     def capacity_bytes(self) -> int:
@@ -142,9 +181,14 @@ class DiskConfig:
         object.__setattr__(self, "path", str(self.path))
         _set_size(self, "capacity", "[disk]")
         _check_choice("[disk].policy", self.policy, get_args(PolicyName))
-        _check_number("[disk].workers", self.workers, low=1, integer=True)
+        check_number("[disk].workers", self.workers, low=1, integer=True)
         if not isinstance(self.fsync, bool):
             raise ValueError(f"[disk].fsync: must be true or false, got {self.fsync!r}")
+        _check_secret(self, "[disk]")
+
+    def seal(self) -> Seal | None:
+        """How records are protected (the secret read now): ``kvtier.store.seal``."""
+        return _seal_of(self)
 
 
 @dataclass(frozen=True)
@@ -152,7 +196,8 @@ class RedisConfig:
     """A shared Redis server; its memory limit and eviction are the server's own."""
 
     url: str = "redis://127.0.0.1:6379/0"
-    """Server address: ``redis://host:port/db``, ``rediss://`` or ``unix://``."""
+    """Server address: ``redis://host:port/db``, ``rediss://`` (TLS, options as query
+    parameters) or ``unix:///path``; a password in it is accepted, but printed as ``***``."""
     namespace: str = "kvtier"
     """Key prefix: processes share chunks exactly when they share the namespace."""
     timeout_s: float = 0.5
@@ -165,21 +210,82 @@ class RedisConfig:
     """Expire chunks after this many seconds; None keeps them until the server evicts."""
     workers: int = 2
     """Network threads of the tier."""
+    username: str | None = None
+    """ACL user (Redis 6+), unless the URL names one; None is the default user."""
+    password_file: str | None = None
+    """A file holding the password (a final line break is dropped), read when the tier is
+    built; keeps the secret out of the URL and the config."""
+    password_env: str | None = None
+    """An environment variable holding the password (instead of ``password_file``)."""
+    secret_file: str | None = None
+    """A file holding the secret that authenticates records (HMAC-SHA256), so that no
+    client of the server without it can forge a chunk; every kvtier process sharing the
+    namespace needs the same one."""
+    secret_env: str | None = None
+    """An environment variable holding that secret (instead of ``secret_file``)."""
+    encrypt: bool = False
+    """Encrypt records with AES-GCM under the secret (needs it, and ``kvtier[crypto]``)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url.startswith(
-            ("redis://", "rediss://", "unix://")
-        ):
-            raise ValueError(f"[redis].url: must look like redis://host:port/db, got {self.url!r}")
+        if isinstance(self.password_file, Path):
+            object.__setattr__(self, "password_file", str(self.password_file))
+        for name in ("username", "password_file", "password_env"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"[redis].{name}: must be a non-empty string, got {value!r}")
+        check_url(self.url, "[redis].url", username=self.username is not None,
+                  password=self.password_file is not None or self.password_env is not None)
         if not isinstance(self.namespace, str) or not self.namespace.strip():
             raise ValueError(f"[redis].namespace: must be a non-empty string, got "
                              f"{self.namespace!r}")
-        _check_number("[redis].timeout_s", self.timeout_s, low=1e-3)
-        _check_number("[redis].backoff_initial_s", self.backoff_initial_s, low=0)
-        _check_number("[redis].backoff_max_s", self.backoff_max_s, low=self.backoff_initial_s)
+        check_number("[redis].timeout_s", self.timeout_s, low=1e-3, high=MAX_TIMEOUT_S)
+        check_number("[redis].backoff_initial_s", self.backoff_initial_s, low=0)
+        check_number("[redis].backoff_max_s", self.backoff_max_s, low=self.backoff_initial_s)
         if self.ttl_s is not None:
-            _check_number("[redis].ttl_s", self.ttl_s, low=1, integer=True)
-        _check_number("[redis].workers", self.workers, low=1, integer=True)
+            check_number("[redis].ttl_s", self.ttl_s, low=1, high=MAX_TTL_S, integer=True)
+        check_number("[redis].workers", self.workers, low=1, integer=True)
+        self.password()  # a missing file or variable fails here, not at the first call
+        _check_secret(self, "[redis]")
+
+    def seal(self) -> Seal | None:
+        """How records are protected (the secret read now): ``kvtier.store.seal``."""
+        return _seal_of(self)
+
+    def password(self) -> str | None:
+        """The password from ``password_file`` or ``password_env`` (read now), or None."""
+        return read_password(self.password_file, self.password_env, "[redis]")
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        shown["url"] = redact(self.url)
+        return f"RedisConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+
+def _check_secret(cfg: DiskConfig | RedisConfig, where: str) -> None:
+    """The secret fields: strings, at most one source, ``encrypt`` only with one; the
+    secret is read now, so a missing file or variable fails here, not at the first call."""
+    for name in ("secret_file", "secret_env"):
+        value = getattr(cfg, name)
+        if isinstance(value, Path):
+            object.__setattr__(cfg, name, value := str(value))
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"{where}.{name}: must be a non-empty string, got {value!r}")
+    if cfg.secret_file is not None and cfg.secret_env is not None:
+        raise ValueError(f"{where}: give secret_file or secret_env, not both")
+    if not isinstance(cfg.encrypt, bool):
+        raise ValueError(f"{where}.encrypt: must be true or false, got {cfg.encrypt!r}")
+    if cfg.encrypt and cfg.secret_file is None and cfg.secret_env is None:
+        raise ValueError(f"{where}.encrypt: needs a key: set secret_file or secret_env")
+    try:
+        _seal_of(cfg)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _seal_of(cfg: DiskConfig | RedisConfig) -> Seal | None:
+    from kvtier.store.seal import seal_for  # loaded only by configs that name a secret
+
+    return seal_for(cfg.secret_file, cfg.secret_env, cfg.encrypt)
 
 
 _SECTIONS: dict[str, type] = {"host": HostConfig, "disk": DiskConfig, "redis": RedisConfig}
@@ -207,7 +313,7 @@ class TierConfig:
             if not (value is None and name != "host") and not isinstance(value, cls):
                 raise ValueError(f"[{name}]: expected a {cls.__name__}, got {value!r}")
         _check_choice("write_policy", self.write_policy, get_args(WritePolicy))
-        _check_number("miss_ttl_s", self.miss_ttl_s, low=0)
+        check_number("miss_ttl_s", self.miss_ttl_s, low=0)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TierConfig:

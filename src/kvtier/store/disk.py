@@ -13,7 +13,15 @@ the default), rename it over ``<key hex>``, ``fsync`` the directory once per bat
 then mark it ready in the index: a reader never sees a chunk whose bytes are not durable.
 
 Reading a chunk verifies the whole record; a mismatch (flipped byte, truncated file, other
-key or geometry) is a miss, counted in ``stats.corrupt``, and the file is dropped.
+key or geometry, a forged record under a ``seal``) is a miss, counted in ``stats.corrupt``,
+and the file is dropped.
+
+The tier owns only what it wrote (``kvtier.store.diskdir``): symlinks at ``chunks`` or
+``LOCK`` are refused, never followed, and an entry of ``chunks/`` that is not provably one
+of its records (a user's file, a subdirectory, a symlink) is foreign: never read as a chunk,
+renamed, replaced or deleted, only counted in ``stats.foreign`` and logged once at open. A
+directory that turns read-only refuses stores and misses reads (counted in
+``stats.errors``); no ``OSError`` escapes.
 
 Accounting is a metadata-only ``ChunkStore`` (one slot per chunk, a slot being a record of
 the layout's largest chunk), so eviction uses the same policies and the same one eviction
@@ -22,9 +30,9 @@ under the index lock and deleted (or first handed to ``set_demote``'s callback, 
 write-back to the next tier) after it, so a reader holds the lock only for bookkeeping.
 
 Opening a directory takes an exclusive ``flock`` on ``<path>/LOCK`` (one process at a time;
-a killed process releases it), deletes leftovers, and indexes every chunk file, oldest
-first, so a new process serves what an earlier one stored. No threads start before the first
-``*_async`` call.
+a killed process releases it), deletes its own leftovers, and indexes every one of its chunk
+files, oldest first, so a new process serves what an earlier one stored. No threads start
+before the first ``*_async`` call.
 
 >>> import tempfile
 >>> from kvtier.keys import ChunkKey
@@ -40,25 +48,25 @@ True
 
 from __future__ import annotations
 
-import fcntl
 import itertools
+import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
+from kvtier.store.diskdir import ChunkDir, Entry, NotOurs, Writer
 from kvtier.store.host import slots_for_capacity
 from kvtier.store.lower import AsyncTwins, Demote, Item, TierStats, Workers
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
-from kvtier.store.record import HEADER_BYTES, RecordError, decode, encode
-from kvtier.store.results import KEY_BYTES, EventKind, StoreEvent, StoreHandle, StoreRefusal
+from kvtier.store.record import HEADER_BYTES, NotARecord, RecordError, decode, encode
+from kvtier.store.results import EventKind, StoreEvent, StoreHandle, StoreRefusal
+from kvtier.store.seal import Seal
 
-Writer = Callable[[int, Sequence[BytesLike]], None]
-"""Writes buffers, in order, to an open file descriptor (a seam for fault tests)."""
+_log = logging.getLogger(__name__)
 
 
 def write_all(fd: int, buffers: Sequence[BytesLike]) -> None:
@@ -73,9 +81,10 @@ class DiskTier(AsyncTwins):
     """Chunks as checksummed files under ``path`` (see the module docstring).
 
     ``slot_bytes``: the largest payload (the layout's largest chunk); each chunk is charged
-    ``HEADER_BYTES + slot_bytes`` of ``capacity_bytes``. ``geometry``: the layout's
-    fingerprint (``record.geometry_of``). ``writer``: how record bytes reach a file; tests
-    inject a failing or stalling one.
+    a record of it (``record_bytes``) of ``capacity_bytes``. ``geometry``: the layout's
+    fingerprint (``record.geometry_of``). ``seal``: authenticate (or encrypt) records
+    (``kvtier.store.seal``); then only sealed records under the same secret are read.
+    ``writer``: how record bytes reach a file; tests inject a failing or stalling one.
     """
 
     name = "disk"
@@ -83,18 +92,19 @@ class DiskTier(AsyncTwins):
     def __init__(
         self, path: str | os.PathLike[str], capacity_bytes: int, slot_bytes: int, *,
         geometry: bytes = b"", policy: str | Policy = "lru", workers: int = 2,
-        fsync: bool = True, writer: Writer | None = None,
+        fsync: bool = True, writer: Writer | None = None, seal: Seal | None = None,
     ) -> None:
-        self.slot_bytes, self.geometry, self.fsync = slot_bytes, geometry, fsync
-        slots = slots_for_capacity(capacity_bytes, HEADER_BYTES + slot_bytes)
+        self.slot_bytes, self.geometry, self.fsync, self.seal = slot_bytes, geometry, fsync, seal
+        self.record_bytes = HEADER_BYTES + slot_bytes + (seal.overhead if seal else 0)
+        """The largest record: what each chunk is charged."""
+        slots = slots_for_capacity(capacity_bytes, self.record_bytes)
         self.path = Path(path)
-        self._dir = self.path / "chunks"
-        self._dir.mkdir(parents=True, exist_ok=True)
-        self._lockfile = _lock_directory(self.path)
+        self._dir = ChunkDir(self.path)
         self.stats = TierStats(self.name)
         self._index = ChunkStore(slots, policy=policy)
         self._index.subscribe(self._on_drop)
-        self._dropped: list[tuple[ChunkKey, Path, bool]] = []  # (key, renamed file, evicted)
+        self._dropped: list[tuple[ChunkKey, str, bool]] = []  # (key, renamed file, evicted)
+        self._disowned: set[ChunkKey] = set()  # unindexed, but their file is not ours
         self._demote: Demote | None = None
         self._workers = Workers(self.name, workers)
         self._writer = writer or write_all
@@ -114,9 +124,6 @@ class DiskTier(AsyncTwins):
         """Whether ``key`` is indexed (no I/O)."""
         return self._index.lookup([key])[0].readable
 
-    def _file(self, key: ChunkKey) -> Path:
-        return self._dir / key.hex()
-
     # ---- reads -------------------------------------------------------------------------
 
     def get(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, memoryview]:
@@ -126,11 +133,13 @@ class DiskTier(AsyncTwins):
             held = [k for k, s in zip(keys, self._index.lookup(keys), strict=True) if s.readable]
             handle = self._index.prepare_load(held) if held else None
         out: dict[ChunkKey, memoryview] = {}
-        corrupt, failed = [], []
+        corrupt, failed, foreign = [], [], []
         try:
             for k in held:
                 try:
-                    out[k] = decode(self._read(self._file(k)), k, self.geometry)
+                    out[k] = self._load(k.hex(), k)
+                except (NotARecord, NotOurs):
+                    foreign.append(k)
                 except RecordError:
                     corrupt.append(k)
                 except OSError:
@@ -138,21 +147,28 @@ class DiskTier(AsyncTwins):
         finally:
             if handle is not None:
                 self._index.complete_load(handle)
+        self._disown(foreign)
         self._index.remove(corrupt + failed)
         self._finish_drops()
         self.stats.add(
             hits=len(out), misses=len(keys) - len(held), corrupt=len(corrupt),
-            errors=len(failed), bytes_read=sum(v.nbytes for v in out.values()),
+            errors=len(failed), foreign=len(foreign),
+            bytes_read=sum(v.nbytes for v in out.values()),
             reads=1 if held else 0, read_seconds=time.perf_counter() - start if held else 0.0,
         )
         return out
 
-    def _read(self, path: Path) -> bytes:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > HEADER_BYTES + self.slot_bytes:
-                raise RecordError(f"{path.name}: {size} bytes is larger than any record here")
-            return f.read()  # a length the header disagrees with fails decode
+    def _load(self, name: str, key: ChunkKey) -> memoryview:
+        """The verified payload of file ``name`` (a length the header disagrees with, or one
+        past the largest record, fails ``decode``)."""
+        return decode(self._dir.read(name, self.record_bytes), key, self.geometry, self.seal)
+
+    def _disown(self, keys: list[ChunkKey]) -> None:
+        """Unindex ``keys`` whose file turned out not to be the tier's: left where it is."""
+        with self._index.lock:
+            self._disowned.update(keys)
+            self._index.remove(keys)
+            self._disowned.difference_update(keys)
 
     # ---- writes ------------------------------------------------------------------------
 
@@ -201,41 +217,35 @@ class DiskTier(AsyncTwins):
     def _try_write(self, handle: StoreHandle, payload: BytesLike) -> bool:
         try:
             self._write_file(handle.keys[0], payload)
-        except OSError:
+        except OSError as e:  # full, read-only, an I/O error, or a foreign file in the way
             self._index.complete_store(handle, ok=False)
-            self.stats.add(errors=1)
+            self.stats.add(errors=1, foreign=int(isinstance(e, NotOurs)))
             return False
         return True
 
     def _write_file(self, key: ChunkKey, payload: BytesLike) -> None:
-        final = self._file(key)
-        tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}-{next(self._names)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            try:
-                self._writer(fd, encode(key, self.geometry, payload))
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        tmp = self._aside(key, "tmp")
+        record = encode(key, self.geometry, payload, self.seal)
+        self._dir.create(tmp, record, self._writer, self.fsync)
+        self._dir.publish(tmp, key.hex())
+
+    def _aside(self, key: ChunkKey, kind: str) -> str:
+        """A fresh name beside ``key``'s file for a temporary or a drop (diskdir's pattern)."""
+        return f"{key.hex()}.{kind}-{os.getpid()}-{next(self._names)}"
 
     def _publish(self, written: list[StoreHandle]) -> list[ChunkKey]:
         """Make the renames durable, then the chunks visible; on failure, none of them."""
         ok = True
         if written and self.fsync:
             try:
-                _fsync_dir(self._dir)
+                self._dir.sync()
             except OSError:
                 ok = False
                 self.stats.add(errors=1)
         for handle in written:
             self._index.complete_store(handle, ok=ok)
             if not ok:
-                self._file(handle.keys[0]).unlink(missing_ok=True)
+                self._dir.unlink(handle.keys[0].hex())
         return [h.keys[0] for h in written] if ok else []
 
     def remove(self, keys: Sequence[ChunkKey]) -> None:
@@ -247,13 +257,15 @@ class DiskTier(AsyncTwins):
 
     def _on_drop(self, event: StoreEvent) -> None:
         """Index subscriber (under the index lock): move a dropped chunk's file aside."""
-        if event.kind is EventKind.STORED:
+        if event.kind is EventKind.STORED or event.key in self._disowned:
             return
-        final = self._file(event.key)
-        aside = final.with_name(f"{final.name}.drop-{os.getpid()}-{next(self._names)}")
+        aside = self._aside(event.key, "drop")
         try:
-            os.rename(final, aside)
+            self._dir.rename(event.key.hex(), aside)
         except FileNotFoundError:
+            return
+        except OSError:  # a read-only directory: the file stays, unindexed, until reopened
+            self.stats.add(errors=1)
             return
         self._dropped.append((event.key, aside, event.kind is EventKind.EVICTED))
 
@@ -263,15 +275,27 @@ class DiskTier(AsyncTwins):
         evicted = sum(1 for _, _, e in dropped if e)
         if evicted:
             self.stats.add(evicted=evicted)
-        for key, path, was_evicted in dropped:
+        for key, name, was_evicted in dropped:
+            if not self._dir.claims(name, key):  # replaced by someone else's: put it back
+                self._restore(name, key)
+                continue
             demote = self._demote
             if was_evicted and demote is not None:
-                self._hand_down(key, path, demote)
-            path.unlink(missing_ok=True)
+                self._hand_down(key, name, demote)
+            if not self._dir.unlink(name):
+                self.stats.add(errors=1)  # left for the next open to clean up
 
-    def _hand_down(self, key: ChunkKey, path: Path, demote: Demote) -> None:
+    def _restore(self, name: str, key: ChunkKey) -> None:
+        """Give a foreign file moved aside by a drop its name back (unless taken again)."""
+        self.stats.add(foreign=1)
         try:
-            payload = decode(self._read(path), key, self.geometry)
+            self._dir.publish(name, key.hex(), keep=True)
+        except OSError:
+            self.stats.add(errors=1)
+
+    def _hand_down(self, key: ChunkKey, name: str, demote: Demote) -> None:
+        try:
+            payload = self._load(name, key)
         except (OSError, RecordError):
             return  # a chunk that cannot be read back is not worth keeping below
         demote(key, bytes(payload))
@@ -283,20 +307,27 @@ class DiskTier(AsyncTwins):
     # ---- asynchronous twins, recovery, checks, close -----------------------------------
 
     def _recover(self) -> None:
-        """Delete leftovers of killed processes; index every chunk file, oldest first."""
-        found = []
-        for entry in os.scandir(self._dir):
-            key = _key_of(entry.name)
-            size = entry.stat().st_size if key is not None else 0
-            if key is None or not HEADER_BYTES <= size <= HEADER_BYTES + self.slot_bytes:
-                os.unlink(entry.path)  # a temporary, a renamed-aside drop, or not a record
-                continue
-            found.append((entry.stat().st_mtime_ns, key))
-        for _, key in sorted(found):
-            handle = self._index.prepare_store([key])
+        """Delete the tier's own leftovers of killed processes; index each of its chunk
+        files, oldest first; count (and log) foreign entries, touching none."""
+        found, foreign, oversized = [], [], 0
+        for entry in self._dir.scan():
+            if entry.key is None:
+                foreign.append(entry.name)
+            elif entry.leftover or entry.size > self.record_bytes:
+                self._dir.unlink(entry.name)  # its header proves it is the tier's
+                oversized += not entry.leftover  # another slot size or seal: unreadable
+            else:
+                found.append(entry)
+        self.stats.add(corrupt=oversized)
+        for entry in sorted(found, key=_age):
+            handle = self._index.prepare_store([entry.key])  # type: ignore[list-item]
             assert isinstance(handle, StoreHandle), handle  # one key always fits
             self._index.complete_store(handle, ok=True)
         self._finish_drops()
+        if foreign:
+            self.stats.add(foreign=len(foreign))
+            _log.warning("disk tier %s: %d entries in chunks/ are not kvtier records; left "
+                         "untouched (e.g. %s)", self.path, len(foreign), sorted(foreign)[:3])
 
     def check_invariants(self) -> None:
         self._index.check_invariants()
@@ -304,38 +335,12 @@ class DiskTier(AsyncTwins):
     def close(self) -> None:
         """Finish queued work, stop the workers and release the directory."""
         self._workers.close()
-        if not self._lockfile.closed:
-            self._lockfile.close()
+        self._dir.close()
 
 
 def _nbytes(payload: BytesLike) -> int:
     return memoryview(payload).nbytes  # type: ignore[arg-type]
 
 
-def _key_of(name: str) -> ChunkKey | None:
-    if len(name) != 2 * KEY_BYTES:
-        return None
-    try:
-        return ChunkKey(bytes.fromhex(name))
-    except ValueError:
-        return None
-
-
-def _lock_directory(path: Path) -> BinaryIO:
-    f = open(path / "LOCK", "a+b")  # noqa: SIM115 - held open for the tier's lifetime
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise ValueError(
-            f"disk tier: {path} is in use by another process; give each process its own path"
-        ) from None
-    return f
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _age(entry: Entry) -> tuple[int, str]:
+    return entry.mtime_ns, entry.name

@@ -5,6 +5,13 @@ is a slot, and slot ``i`` is bytes ``[i * slot_bytes, (i + 1) * slot_bytes)``. T
 is the layout's largest chunk (``Layout.max_bytes_per_chunk``), so every group's chunks fit;
 a smaller chunk uses the start of its slot.
 
+A slot outlives its chunks, and a slot leaves host memory whole (write-back copies the slot
+to the next tier). So that a shorter chunk never carries the end of the slot's previous
+chunk (perhaps another tenant's) down with it, the store zeroes a slot as it frees it
+(``clear``): every free slot is zero past the smallest chunk the slab holds, and a chunk
+written into it overwrites everything before that. ``for_layout`` knows the smallest
+chunk, so where every group's chunk fills the slot, clearing costs nothing.
+
 When a CUDA device is present (and torch is installed) the slab is page-locked, so that
 copies to and from the accelerator can run asynchronously; otherwise it is plain numpy
 memory. Either way ``view(slot)`` is a zero-copy ``uint8`` numpy array over the slot and
@@ -18,6 +25,7 @@ memory. Either way ``view(slot)`` is a zero-copy ``uint8`` numpy array over the 
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -56,6 +64,28 @@ def slots_for_capacity(capacity_bytes: int, slot_bytes: int) -> int:
     return capacity_bytes // slot_bytes
 
 
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX sysconf name here
+        return None
+
+
+def check_fits_memory(nbytes: int, what: str) -> None:
+    """ValueError, before allocating, if ``nbytes`` is more than this machine's memory.
+
+    >>> check_fits_memory(2**50, "host slab")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: host slab of 1048576.0 GiB is more than this machine's memory (...); give...
+    """
+    total = physical_memory()
+    if total is not None and nbytes > total:
+        raise ValueError(f"{what} of {nbytes / 2**30:.1f} GiB is more than this machine's "
+                         f"memory ({total / 2**30:.1f} GiB); give a smaller size")
+
+
 class HostSlab:
     """``num_slots`` slots of ``slot_bytes`` bytes in one preallocated host buffer.
 
@@ -63,10 +93,17 @@ class HostSlab:
     default) pins exactly when a CUDA device is present.
     """
 
-    def __init__(self, num_slots: int, slot_bytes: int, *, pin_memory: bool | None = None):
+    def __init__(self, num_slots: int, slot_bytes: int, *, pin_memory: bool | None = None,
+                 min_chunk_bytes: int = 0):
         for name, value in (("num_slots", num_slots), ("slot_bytes", slot_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"host slab: {name} must be a positive integer, got {value!r}")
+        if not 0 <= min_chunk_bytes <= slot_bytes:
+            raise ValueError(f"host slab: min_chunk_bytes must be in [0, {slot_bytes}], got "
+                             f"{min_chunk_bytes!r}")
+        self.min_chunk_bytes = min_chunk_bytes
+        """Every chunk written into a slot is at least this long: ``clear`` zeroes only
+        past it (0, the default: the whole slot)."""
         if pin_memory is None:
             pin_memory = cuda_available()
         elif pin_memory and not cuda_available():
@@ -75,6 +112,8 @@ class HostSlab:
         self._slot_bytes = slot_bytes
         self.pinned: bool = pin_memory
         self._tensor: torch.Tensor | None = None
+        check_fits_memory(num_slots * slot_bytes,
+                          f"host slab ({num_slots} slots of {slot_bytes} bytes)")
         self._array = self._allocate(num_slots * slot_bytes, pin_memory)
 
     @classmethod
@@ -89,7 +128,8 @@ class HostSlab:
                 "bytes_per_state) on every group"
             )
         num_slots = slots_for_capacity(capacity_bytes, slot_bytes)
-        return cls(num_slots, slot_bytes, pin_memory=pin_memory)
+        smallest = min(g.bytes_per_chunk or 0 for g in layout.groups)
+        return cls(num_slots, slot_bytes, pin_memory=pin_memory, min_chunk_bytes=smallest)
 
     def _allocate(self, nbytes: int, pin: bool) -> npt.NDArray[np.uint8]:
         if not pin:
@@ -165,3 +205,12 @@ class HostSlab:
                 f"host slab: {raw.size} bytes do not fit in a {self._slot_bytes}-byte slot"
             )
         self.view(slot)[: raw.size] = raw
+
+    def clear(self, slot: int) -> None:
+        """Zero ``slot`` past ``min_chunk_bytes`` (module docstring), as it is freed.
+
+        >>> slab = HostSlab(1, 4, pin_memory=False, min_chunk_bytes=1)
+        >>> slab.write(0, b"abcd"); slab.clear(0); slab.read(0)
+        b'a\\x00\\x00\\x00'
+        """
+        self.view(slot)[self.min_chunk_bytes :] = 0

@@ -45,7 +45,9 @@ class TierStats:
     misses: int = 0
     """Chunks asked for and not held."""
     corrupt: int = 0
-    """Chunks that failed verification (checksum, length, key or geometry): dropped."""
+    """Chunks that failed verification (checksum, length, key, geometry or seal): dropped."""
+    foreign: int = 0
+    """Entries found where the tier keeps chunks that it did not write: left untouched."""
     errors: int = 0
     """Failed calls (I/O errors, connection errors, timeouts)."""
     promoted: int = 0
@@ -166,11 +168,37 @@ class Workers:
             pool.shutdown(wait=True)
 
 
+class Inline:
+    """A tier's synchronous mode, in place of ``Workers``: each call runs at once on the
+    caller's thread and its future is returned done, so its callbacks run before
+    ``submit`` returns. For tiers that do no I/O (``MetadataTier``): a hierarchy over them
+    promotes within ``lookup``, deterministically.
+
+    >>> Inline().submit(sum, [1, 2]).result()
+    3
+    """
+
+    started = False
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """``fn(*args)``, run now; its result or its exception in a done future."""
+        future: Future[T] = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as e:
+            future.set_exception(e)
+        return future
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
 class AsyncTwins(ABC):
     """``get_async`` / ``put_async`` / ``remove_async``: a tier's blocking calls run on its
-    ``Workers`` (``self._workers``), so the engine's scheduler thread never waits on I/O."""
+    ``Workers`` (``self._workers``; ``Inline`` for a synchronous tier), so the engine's
+    scheduler thread never waits on I/O."""
 
-    _workers: Workers
+    _workers: Workers | Inline
 
     @abstractmethod
     def get(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, memoryview]:

@@ -6,19 +6,21 @@ self-describing record, verified on every read:
     offset  size  field
     0       4     magic  b"KVTR"
     4       2     version (1)
-    6       2     reserved (0)
+    6       2     seal: 0 plain, 1 HMAC, 2 AES-GCM (``kvtier.store.seal``)
     8       40    key: the ChunkKey the record claims to hold
     48      8     geometry: a fingerprint of the layout that produced the bytes
-    56      8     payload length
-    64      4     crc32 of the payload
+    56      8     body length (the bytes after the header)
+    64      4     crc32 of the body (plain records; 0 when sealed)
     68      4     crc32 of bytes 0..67 (the header itself)
-    72      ...   payload
+    72      ...   body: the payload (plain), or what the seal makes of it
 
-A record is served only if the magic, version, key (the one asked for), geometry (the
-reader's), length (the bytes present) and both checksums match; anything else is a miss
-that the tier counts and drops. crc32 (zlib, about 4 GB/s here, and it releases the GIL)
-catches torn and flipped bytes; the key itself is a cryptographic digest, so a checksum
-need not resist forgery.
+A record is served only if the magic, version, seal (the reader's), key (the one asked
+for), geometry (the reader's), length (the bytes present) and the body's check match;
+anything else is a miss that the tier counts and drops. crc32 (zlib, about 4 GB/s, and it
+releases the GIL) catches torn and flipped bytes but not forgery: anyone who can write the
+medium can write a well-formed record. Tiers that others can write to take a seal (a MAC,
+or encryption) whose secret a forger does not have; the seal covers the header, so a
+record moved under another key fails too.
 
 >>> from kvtier.keys import ChunkKey
 >>> k = ChunkKey(bytes(40))
@@ -36,11 +38,15 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
+from typing import TYPE_CHECKING
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.store.backend import BytesLike
 from kvtier.store.results import KEY_BYTES
+
+if TYPE_CHECKING:
+    from kvtier.store.seal import Seal
 
 MAGIC = b"KVTR"
 VERSION = 1
@@ -55,16 +61,24 @@ class RecordError(ValueError):
     """A record failed verification: the tier treats it as a miss and drops it."""
 
 
+class NotARecord(RecordError):
+    """Bytes that are not a kvtier record at all (no magic, or a torn header): a tier must
+    not delete a file of this kind, which it cannot prove it wrote."""
+
+
 def geometry_of(layout: Layout) -> bytes:
-    """An 8-byte fingerprint of ``layout``'s groups: records from another layout are misses.
+    """An 8-byte fingerprint of ``layout``'s model, KV dtype and groups: records written for
+    another model, dtype or geometry are misses, whatever namespace their keys came from.
 
     >>> from kvtier.layout import Group, Layout
-    >>> a = Layout((Group("full", 16, bytes_per_token=64),))
-    >>> b = Layout((Group("full", 16, bytes_per_token=128),))
-    >>> len(geometry_of(a)), geometry_of(a) == geometry_of(b)
-    (8, False)
+    >>> a = Layout((Group("full", 16, bytes_per_token=64),), kv_dtype="fp8_e4m3")
+    >>> b = Layout((Group("full", 16, bytes_per_token=128),), kv_dtype="fp8_e4m3")
+    >>> c = Layout(a.groups, kv_dtype="fp8_e5m2")
+    >>> len(geometry_of(a)), geometry_of(a) == geometry_of(b), geometry_of(a) == geometry_of(c)
+    (8, False, False)
     """
-    return hashlib.blake2b(repr(layout.groups).encode(), digest_size=GEOMETRY_BYTES).digest()
+    identity = repr((layout.model, layout.kv_dtype, layout.groups)).encode()
+    return hashlib.blake2b(identity, digest_size=GEOMETRY_BYTES).digest()
 
 
 def _geometry(geometry: bytes) -> bytes:
@@ -73,32 +87,66 @@ def _geometry(geometry: bytes) -> bytes:
     return geometry.ljust(GEOMETRY_BYTES, b"\0")
 
 
-def encode(key: ChunkKey, geometry: bytes, payload: BytesLike) -> tuple[bytes, memoryview]:
-    """The record of ``payload`` as (header, payload view): write both, in order."""
+def encode(
+    key: ChunkKey, geometry: bytes, payload: BytesLike, seal: Seal | None = None
+) -> list[BytesLike]:
+    """The record of ``payload`` as buffers (the header first): write them all, in order.
+    A ``seal`` authenticates (or encrypts) the payload in place of its crc32."""
     view = memoryview(payload).cast("B")  # type: ignore[arg-type]
-    head = _HEAD.pack(MAGIC, VERSION, 0, key, _geometry(geometry), view.nbytes, zlib.crc32(view))
-    return head + _HEAD_CRC.pack(zlib.crc32(head)), view
+    ident, extra = (0, 0) if seal is None else (seal.ident, seal.overhead)
+    crc = zlib.crc32(view) if seal is None else 0
+    head = _HEAD.pack(MAGIC, VERSION, ident, key, _geometry(geometry), view.nbytes + extra, crc)
+    head += _HEAD_CRC.pack(zlib.crc32(head))
+    return [head, view] if seal is None else [head, *seal.seal(head, view)]
+
+
+def encode_pair(
+    key: ChunkKey, geometry: bytes, payload: BytesLike, seal: Seal | None = None
+) -> tuple[bytes, memoryview]:
+    """``encode`` as (header, body): a plain body is the payload itself (no copy), a sealed
+    one is joined into one buffer (one copy), for a medium that takes two buffers."""
+    head, *body = encode(key, geometry, payload, seal)
+    joined = body[0] if len(body) == 1 else b"".join(body)  # type: ignore[arg-type]
+    return bytes(head), memoryview(joined).cast("B")  # type: ignore[arg-type]
+
+
+def claimed_key(header: BytesLike) -> ChunkKey | None:
+    """The key a kvtier record header claims (magic and header checksum intact), or None
+    for bytes that are not the start of a kvtier record."""
+    view = memoryview(header).cast("B")  # type: ignore[arg-type]
+    if view.nbytes < HEADER_BYTES:
+        return None
+    magic, _, _, rkey, _, _, _ = _HEAD.unpack_from(view)
+    (head_crc,) = _HEAD_CRC.unpack_from(view, _HEAD.size)
+    if magic != MAGIC or head_crc != zlib.crc32(view[: _HEAD.size]):
+        return None
+    return ChunkKey(rkey)
 
 
 def record_length(header: BytesLike) -> int:
     """The full length the header of a record announces (its first HEADER_BYTES bytes)."""
     view = memoryview(header).cast("B")  # type: ignore[arg-type]
     if view.nbytes < HEADER_BYTES:
-        raise RecordError(f"record is {view.nbytes} bytes, shorter than its header")
+        raise NotARecord(f"record is {view.nbytes} bytes, shorter than its header")
     return HEADER_BYTES + int(_HEAD.unpack_from(view)[5])
 
 
-def decode(record: BytesLike, key: ChunkKey, geometry: bytes) -> memoryview:
-    """The payload of ``record`` (a view, no copy) if it holds ``key`` for ``geometry``;
-    ``RecordError`` naming the first check that failed otherwise."""
+def decode(
+    record: BytesLike, key: ChunkKey, geometry: bytes, seal: Seal | None = None
+) -> memoryview:
+    """The payload of ``record`` if it holds ``key`` for ``geometry``, sealed as ``seal``
+    (a view, no copy, for plain and MAC records); ``RecordError`` naming the first check
+    that failed otherwise (``NotARecord`` for bytes that are not a kvtier record)."""
     view = memoryview(record).cast("B")  # type: ignore[arg-type]
     total = record_length(view)
-    magic, version, _, rkey, rgeo, _, crc = _HEAD.unpack_from(view)
-    (head_crc,) = _HEAD_CRC.unpack_from(view, _HEAD.size)
-    if magic != MAGIC or head_crc != zlib.crc32(view[: _HEAD.size]):
-        raise RecordError("bad magic or header checksum (not a kvtier record, or torn)")
+    if claimed_key(view) is None:
+        raise NotARecord("bad magic or header checksum (not a kvtier record, or torn)")
+    _, version, ident, rkey, rgeo, _, crc = _HEAD.unpack_from(view)
     if version != VERSION:
         raise RecordError(f"record version {version}, this kvtier reads {VERSION}")
+    want = 0 if seal is None else seal.ident
+    if ident != want:
+        raise RecordError(f"record seal {ident}, this tier reads seal {want} (0: plain)")
     if rkey != key:
         raise RecordError("record holds another key")
     if rgeo != _geometry(geometry):
@@ -107,7 +155,9 @@ def decode(record: BytesLike, key: ChunkKey, geometry: bytes) -> memoryview:
         raise RecordError(
             f"record is {view.nbytes} bytes, its header says {total} (truncated or padded)"
         )
-    payload = view[HEADER_BYTES:]
-    if zlib.crc32(payload) != crc:
+    body = view[HEADER_BYTES:]
+    if seal is not None:
+        return seal.open(bytes(view[:HEADER_BYTES]), body)
+    if zlib.crc32(body) != crc:
         raise RecordError("payload checksum mismatch (corrupted bytes)")
-    return payload
+    return body

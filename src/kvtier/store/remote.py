@@ -6,11 +6,17 @@ on every read exactly like the disk tier's files. Reads and writes are batched i
 pipelined round trip per call.
 
 Faults never propagate. Every socket operation is bounded by ``timeout_s``; redis-py's own
-retries are off, so a call fails fast. A failed call (server down, slow, restarted) is
-counted in ``stats.errors``, answers misses (or refuses the writes), and starts a backoff:
-for ``Backoff.delay(n)`` seconds after the n-th consecutive failure the tier does not touch
-the network at all (``might_hold`` is False, calls are counted in ``stats.skipped``); the
-next call after that reconnects. The clock is injected, so tests need no sleeping.
+retries are off, so a call fails fast. A failed call (server down, slow, restarted, a wrong
+password) is counted in ``stats.errors``, answers misses (or refuses the writes), says why in
+``last_error`` (and one log warning), and starts a backoff: for ``Backoff.delay(n)`` seconds
+after the n-th consecutive failure the tier does not touch the network at all
+(``might_hold`` is False, calls are counted in ``stats.skipped``); the next call after that
+reconnects. The clock is injected, so tests need no sleeping. A reply the server refuses
+for one key only (a value of another Redis type under a chunk's name, a write refused for
+memory) costs that key alone: the call answers the rest, and no backoff starts.
+
+The URL is checked when the tier is built (``redis_options.check_url``), and printed only
+redacted (``url``): a password may be in it or given apart (``password``).
 
 Memory limits and eviction are the server's: set ``maxmemory`` and a ``maxmemory-policy``
 such as ``allkeys-lru`` on the server (docs/tiers.md). kvtier never deletes other
@@ -25,6 +31,7 @@ without it. No thread or connection starts before the first call.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,10 +39,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvtier.keys import ChunkKey
+from kvtier.store.config import check_number
 from kvtier.store.lower import AsyncTwins, Demote, Item, TierStats, Workers
-from kvtier.store.record import RecordError, decode, encode
+from kvtier.store.record import RecordError, decode, encode_pair
+from kvtier.store.redis_options import MAX_TIMEOUT_S, MAX_TTL_S, check_url, redact
+from kvtier.store.seal import Seal
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,15 +59,18 @@ class Backoff:
     factor: float = 2.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.initial_s <= self.max_s or self.factor < 1:
-            raise ValueError(
-                "backoff: need 0 <= initial_s <= max_s and factor >= 1, got "
-                f"initial_s={self.initial_s}, max_s={self.max_s}, factor={self.factor}"
-            )
+        check_number("backoff.initial_s", self.initial_s, low=0)
+        check_number("backoff.max_s", self.max_s, low=self.initial_s)
+        check_number("backoff.factor", self.factor, low=1)
 
     def delay(self, failures: int) -> float:
-        """Seconds to wait after ``failures`` (>= 1) consecutive failures."""
-        return float(min(self.max_s, self.initial_s * self.factor ** (failures - 1)))
+        """Seconds to wait after ``failures`` (>= 1) consecutive failures (``max_s`` once
+        the doubling would pass it, however long the server stays away)."""
+        try:
+            grown = self.initial_s * self.factor ** (failures - 1)
+        except OverflowError:  # a server down for hours: factor ** failures leaves float
+            return float(self.max_s)
+        return float(min(self.max_s, grown))
 
 
 def _redis_module() -> Any:
@@ -70,7 +84,9 @@ def _redis_module() -> Any:
 
 
 class RedisTier(AsyncTwins):
-    """Chunks on a Redis server at ``url`` under ``<namespace>:`` (module docstring)."""
+    """Chunks on a Redis server at ``url`` under ``<namespace>:`` (module docstring);
+    ``username`` and ``password`` log in when the URL does not (``RedisConfig.password``
+    reads one from a file or the environment)."""
 
     name = "redis"
 
@@ -78,10 +94,20 @@ class RedisTier(AsyncTwins):
         self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "kvtier",
         geometry: bytes = b"", timeout_s: float = 0.5, backoff: Backoff | None = None,
         ttl_s: int | None = None, workers: int = 2, clock: Callable[[], float] = time.monotonic,
+        username: str | None = None, password: str | None = None, seal: Seal | None = None,
     ) -> None:
-        _check(url, namespace, timeout_s, ttl_s)
-        self.url, self.namespace, self.geometry = url, namespace, geometry
+        check_url(url, "redis tier: url", username=username is not None,
+                  password=password is not None)
+        _check(namespace, timeout_s, ttl_s)
+        self.url = redact(url)
+        """The server's URL as printed: any password in it shows as ``***``."""
+        self.namespace, self.geometry = namespace, geometry
+        self.seal = seal
+        """Authenticates (or encrypts) records (``kvtier.store.seal``); None: crc32 only."""
         self.timeout_s, self.ttl_s = timeout_s, ttl_s
+        self.last_error: str | None = None
+        """Why the last failed call or refused reply failed (one line, no secret)."""
+        self._login = {"url": url, "username": username, "password": password}
         self.backoff = backoff or Backoff()
         self.stats = TierStats(self.name)
         self._clock = clock
@@ -110,7 +136,7 @@ class RedisTier(AsyncTwins):
             if self._client is None:
                 redis = _redis_module()
                 self._client = redis.Redis.from_url(
-                    self.url, socket_timeout=self.timeout_s,
+                    **self._login, socket_timeout=self.timeout_s,
                     socket_connect_timeout=self.timeout_s,
                     retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
                 )
@@ -124,15 +150,27 @@ class RedisTier(AsyncTwins):
         redis = _redis_module()
         try:
             result = call(self._connection())
-        except (redis.RedisError, OSError):
+        except (redis.RedisError, OSError) as e:
             with self._lock:
                 self._failures += 1
-                self._retry_at = self._clock() + self.backoff.delay(self._failures)
+                delay = self.backoff.delay(self._failures)
+                self._retry_at = self._clock() + delay
+                self.last_error = _describe(e)
+                first = self._failures == 1
             self.stats.add(errors=1)
+            if first:
+                _log.warning("redis tier %s: %s; leaving it alone %.3g s", self.url,
+                             self.last_error, delay)
             return None
         with self._lock:
             self._failures, self._retry_at = 0, float("-inf")
         return result
+
+    def _refused(self, errors: Sequence[Exception]) -> None:
+        """Count a call some of whose replies the server refused (no backoff: it answers)."""
+        if errors:
+            self.last_error = f"the server refused {len(errors)} of the call's keys: {errors[0]}"
+            self.stats.add(errors=1)
 
     def _name(self, key: ChunkKey) -> str:
         return f"{self.namespace}:{key.hex()}"
@@ -140,7 +178,8 @@ class RedisTier(AsyncTwins):
     # ---- reads -------------------------------------------------------------------------
 
     def get(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, memoryview]:
-        """The verified payloads of the ``keys`` the server holds; corrupt ones are deleted."""
+        """The verified payloads of the ``keys`` the server holds; corrupt ones (any value
+        that is not this key's record, of any Redis type) are deleted."""
         if not keys:
             return {}
         start = time.perf_counter()
@@ -150,6 +189,7 @@ class RedisTier(AsyncTwins):
             self.stats.add(misses=len(keys))
             return {}
         out, corrupt = self._verify(keys, values)
+        self._refused([v for v in values if isinstance(v, Exception) and not _wrong_type(v)])
         if corrupt:
             self._run(lambda c: c.delete(*[self._name(k) for k in corrupt]))
         self.stats.add(
@@ -170,17 +210,21 @@ class RedisTier(AsyncTwins):
         return [bool(n) for n in found] if found is not None else [False] * len(keys)
 
     def _verify(
-        self, keys: Sequence[ChunkKey], values: list[bytes | None]
+        self, keys: Sequence[ChunkKey], values: list[Reply]
     ) -> tuple[dict[ChunkKey, memoryview], list[ChunkKey]]:
+        """The payloads of ``values`` that are ``keys``' records, and the keys whose value is
+        not (another Redis type, or bytes that fail verification)."""
         out: dict[ChunkKey, memoryview] = {}
         corrupt: list[ChunkKey] = []
         for k, raw in zip(keys, values, strict=True):
-            if raw is None:
-                continue
-            try:
-                out[k] = decode(raw, k, self.geometry)
-            except RecordError:
-                corrupt.append(k)
+            if isinstance(raw, Exception):
+                if _wrong_type(raw):
+                    corrupt.append(k)
+            elif raw is not None:
+                try:
+                    out[k] = decode(raw, k, self.geometry, self.seal)
+                except RecordError:
+                    corrupt.append(k)
         return out, corrupt
 
     # ---- writes ------------------------------------------------------------------------
@@ -190,16 +234,20 @@ class RedisTier(AsyncTwins):
         if not items:
             return []
         start = time.perf_counter()
-        records = [(self._name(k).encode(), *encode(k, self.geometry, p)) for k, p in items]
-        done = self._run(lambda c: _set_many(c, records, self.ttl_s))
-        if done is None:
+        records = [(self._name(k).encode(), *encode_pair(k, self.geometry, p, self.seal))
+                   for k, p in items]
+        replies = self._run(lambda c: _set_many(c, records, self.ttl_s))
+        if replies is None:
             self.stats.add(refused=len(items))
             return []
+        self._refused([r for r in replies if r is not None])
+        written = [i for i, r in enumerate(replies) if r is None]
         self.stats.add(
-            stored=len(items), bytes_written=sum(len(h) + v.nbytes for _, h, v in records),
+            stored=len(written), refused=len(items) - len(written),
+            bytes_written=sum(len(records[i][1]) + records[i][2].nbytes for i in written),
             writes=1, write_seconds=time.perf_counter() - start,
         )
-        return [k for k, _ in items]
+        return [items[i][0] for i in written]
 
     def remove(self, keys: Sequence[ChunkKey]) -> None:
         """Delete ``keys`` on the server (best effort: a failed call is only counted)."""
@@ -224,12 +272,22 @@ class RedisTier(AsyncTwins):
             client.close()
 
 
-def _get_many(client: Any, names: Sequence[str]) -> list[bytes | None]:
-    """One round trip: GET each name."""
+Reply = bytes | None | Exception
+"""One GET's reply: the value, None (no such key), or the server's error for that key."""
+
+
+def _get_many(client: Any, names: Sequence[str]) -> list[Reply]:
+    """One round trip: GET each name; a reply the server refuses (a list under the name)
+    stays in its place as the exception, so that it costs its own key only."""
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.get(name)
-    return list(pipe.execute())
+    return list(pipe.execute(raise_on_error=False))
+
+
+def _wrong_type(error: Exception) -> bool:
+    """Whether ``error`` says the name holds another Redis type than a string."""
+    return str(error).startswith("WRONGTYPE")
 
 
 def _exists_many(client: Any, names: Sequence[str]) -> list[int]:
@@ -244,9 +302,11 @@ Outgoing = tuple[bytes, bytes, memoryview]
 """A chunk on its way to the server: its name, its record header and its payload."""
 
 
-def _set_many(client: Any, records: Sequence[Outgoing], ttl_s: int | None) -> bool:
+def _set_many(
+    client: Any, records: Sequence[Outgoing], ttl_s: int | None
+) -> list[Exception | None]:
     """One round trip: SET each name to its record (header, then payload), expiring after
-    ``ttl_s`` if given.
+    ``ttl_s`` if given; per record, None if written or the server's refusal (out of memory).
 
     redis-py takes a value as one argument, so the record would first have to be joined
     into one buffer: a copy of every payload, the main cost of a write after crc32. Instead
@@ -259,14 +319,22 @@ def _set_many(client: Any, records: Sequence[Outgoing], ttl_s: int | None) -> bo
     conn = _checkout(pool)
     try:
         conn.send_packed_command([b for r in records for b in _set_command(*r, ttl_s)])
-        for _ in records:
-            conn.read_response()
+        return [_reply(conn) for _ in records]
     except BaseException:
         conn.disconnect()
         raise
     finally:
         pool.release(conn)
-    return True
+
+
+def _reply(conn: Any) -> Exception | None:
+    """The next reply on ``conn``: None if it is not an error, the error otherwise."""
+    redis = _redis_module()
+    try:
+        conn.read_response()
+    except redis.ResponseError as e:
+        return e
+    return None
 
 
 def _set_command(
@@ -293,15 +361,20 @@ def _checkout(pool: Any) -> Any:
         return pool.get_connection("SET")
 
 
-def _check(url: str, namespace: str, timeout_s: float, ttl_s: int | None) -> None:
-    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(
-            f"redis tier: url must look like redis://host:port/db (or rediss://, unix://), "
-            f"got {url!r}"
-        )
-    if not namespace or any(c.isspace() for c in namespace):
+def _describe(error: BaseException) -> str:
+    """One line saying why a call failed: a refused login says so, apart from a server that
+    does not answer."""
+    redis = _redis_module()
+    if isinstance(error, redis.AuthenticationError):
+        return f"authentication failed (wrong or missing username or password): {error}"
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return f"the server does not answer ({error})"
+    return f"the server refused the call ({error})"
+
+
+def _check(namespace: str, timeout_s: float, ttl_s: int | None) -> None:
+    if not isinstance(namespace, str) or not namespace or any(c.isspace() for c in namespace):
         raise ValueError(f"redis tier: namespace must be a non-empty word, got {namespace!r}")
-    if not timeout_s > 0:
-        raise ValueError(f"redis tier: timeout_s must be > 0, got {timeout_s!r}")
-    if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s < 1):
-        raise ValueError(f"redis tier: ttl_s must be a positive integer or None, got {ttl_s!r}")
+    check_number("redis tier: timeout_s", timeout_s, low=1e-3, high=MAX_TIMEOUT_S)
+    if ttl_s is not None:
+        check_number("redis tier: ttl_s", ttl_s, low=1, high=MAX_TTL_S, integer=True)

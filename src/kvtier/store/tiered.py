@@ -11,9 +11,18 @@ unchanged. The data plane only ever touches host slots:
   is stored into a host slot (``prepare_store`` / write / ``complete_store``). The Planner
   sees WRITING as "soon" and answers WAIT; asked again once the promotion finished, it
   sees READY and pins a hit. A chunk found nowhere is reported ABSENT for ``miss_ttl_s``
-  (so a miss costs one WAIT, not a wait per lookup). ``lookup`` itself never does I/O.
-  A chunk evicted moments ago, still on its way down, is reported WRITING too, and
-  fetched once it has landed.
+  (so a miss costs one WAIT, not a wait per lookup), or until it is written down.
+  ``lookup`` itself never does I/O. A chunk evicted moments ago, still on its way down,
+  is reported WRITING too, and fetched once it has landed. Installing a promotion
+  protects the lookup's other chunks already in host memory: it never evicts what the
+  same request is about to load (when there is no other room, the chunk stays below and
+  the lookup sees it absent).
+* Synchronous tiers (``lower.Inline``: ``MetadataTier``) finish a promotion within the
+  ``lookup`` that starts it, which then reports the chunk READY (or ABSENT): no WAIT.
+* ``placement="inclusive"`` (default): a promoted chunk stays in the tier it came from
+  too, so evicting it again from host memory writes nothing new. ``"exclusive"``: it
+  leaves that tier (making room there before host evictions are written down), so host
+  memory and the tiers below hold distinct chunks and their capacities add up.
 * Stores go to host slots. ``write_policy="write-back"`` (default): a chunk evicted from
   host memory is written to the next tier (the disk tier likewise hands its evictions to
   Redis). ``"write-through"``: a chunk is written to every lower tier when its host store
@@ -42,13 +51,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, wait
-from typing import Any, get_args
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.store.backend import SlotBackend
 from kvtier.store.config import DiskConfig, RedisConfig, TierConfig, WritePolicy
 from kvtier.store.disk import DiskTier
+from kvtier.store.host import HostSlab
 from kvtier.store.lower import Item, LowerTier, TierStats
 from kvtier.store.manager import ChunkStore, checked_keys
 from kvtier.store.record import geometry_of
@@ -64,6 +75,11 @@ from kvtier.store.results import (
 )
 
 WRITE_POLICIES: tuple[str, ...] = get_args(WritePolicy)
+Placement = Literal["inclusive", "exclusive"]
+"""Whether a chunk promoted into host memory stays in the tier below too (module docstring)."""
+PLACEMENTS: tuple[str, ...] = get_args(Placement)
+Promoted = Callable[[ChunkKey, str], None]
+"""Called with each chunk promoted into host memory and the name of the tier it came from."""
 _log = logging.getLogger(__name__)
 
 
@@ -71,7 +87,7 @@ def _build_disk(
     cfg: DiskConfig, slot_bytes: int, geometry: bytes, clock: Callable[[], float]
 ) -> LowerTier:
     return DiskTier(cfg.path, cfg.capacity_bytes, slot_bytes, geometry=geometry,
-                    policy=cfg.policy, workers=cfg.workers, fsync=cfg.fsync)
+                    policy=cfg.policy, workers=cfg.workers, fsync=cfg.fsync, seal=cfg.seal())
 
 
 def _build_redis(
@@ -80,7 +96,8 @@ def _build_redis(
     backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)
     return RedisTier(cfg.url, namespace=cfg.namespace, geometry=geometry,
                      timeout_s=cfg.timeout_s, backoff=backoff, ttl_s=cfg.ttl_s,
-                     workers=cfg.workers, clock=clock)
+                     workers=cfg.workers, clock=clock, username=cfg.username,
+                     password=cfg.password(), seal=cfg.seal())
 
 
 TIER_BUILDERS: dict[str, Callable[[Any, int, bytes, Callable[[], float]], LowerTier]] = {
@@ -90,21 +107,42 @@ TIER_BUILDERS: dict[str, Callable[[Any, int, bytes, Callable[[], float]], LowerT
 """Lower tiers by config section, fastest first: the hierarchy's order."""
 
 
+@dataclass
+class _Fetch:
+    """One promotion on its way up: the keys sought, the lookup's keys (those in host memory
+    are protected when the found ones are installed), and what was found so far (key ->
+    (tier index, payload))."""
+
+    keys: list[ChunkKey]
+    asked: list[ChunkKey]
+    found: dict[ChunkKey, tuple[int, memoryview]] = field(default_factory=dict)
+
+    def rest(self) -> list[ChunkKey]:
+        return [k for k in self.keys if k not in self.found]
+
+
 class TieredStore:
     """``host`` (a ``ChunkStore`` over a ``HostSlab``) above ``lower`` tiers, fastest first."""
 
     def __init__(
         self, host: ChunkStore, lower: Sequence[LowerTier] = (), *,
-        write_policy: WritePolicy = "write-back", miss_ttl_s: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
+        write_policy: WritePolicy = "write-back", placement: Placement = "inclusive",
+        miss_ttl_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if host.backend is None:
-            raise ValueError("TieredStore: the host store needs a backend (a HostSlab)")
+            raise ValueError("TieredStore: the host store needs a backend (a HostSlab, or "
+                             "metadata_tier.NoBytes for a store that moves no bytes)")
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        if placement == "exclusive" and write_policy == "write-through":
+            raise ValueError("placement='exclusive' needs write_policy='write-back': "
+                             "write-through keeps a copy of every chunk below")
         if not miss_ttl_s >= 0:
             raise ValueError(f"miss_ttl_s must be >= 0, got {miss_ttl_s!r}")
         self.host, self.lower, self.write_policy = host, tuple(lower), write_policy
+        self.placement = placement
         self.backend: SlotBackend = host.backend
         self.lock = host.lock
         """The host store's lock: hold it to make lookup and prepare_load atomic."""
@@ -115,6 +153,7 @@ class TieredStore:
         self._outbox: list[Item] = []  # chunks to write down once the host call returns
         self._going_down: Counter[ChunkKey] = Counter()  # evicted, being written down
         self._pending: set[Future[Any]] = set()
+        self._watchers: list[Promoted] = []
         host.subscribe(self._on_host_event)
         if write_policy == "write-back":
             for upper, below in itertools.pairwise(self.lower):
@@ -152,65 +191,103 @@ class TieredStore:
             states = self.host.lookup(ks)
             if not self.lower or ChunkState.ABSENT not in states:
                 return states
-            fetch = []
             now = self._clock()
-            for i, (k, s) in enumerate(zip(ks, states, strict=True)):
-                if s is ChunkState.ABSENT and self._worth_fetching(k, now):
-                    states[i] = ChunkState.WRITING
-                    if k not in self._fetching and k not in self._going_down:
-                        fetch.append(k)
+            fetch = [k for k, s in zip(ks, states, strict=True)
+                     if s is ChunkState.ABSENT and not self._in_flight(k)
+                     and self._worth_fetching(k, now)]
             if fetch:
                 self._fetching.update(fetch)
-                self._fetch_from(0, fetch, {})
-            return states
+                self._fetch_from(0, _Fetch(fetch, ks))
+                states = self.host.lookup(ks)  # synchronous tiers have promoted already
+            return [ChunkState.WRITING if s is ChunkState.ABSENT and self._in_flight(k) else s
+                    for k, s in zip(ks, states, strict=True)]
+
+    def _in_flight(self, key: ChunkKey) -> bool:
+        """Being promoted, or evicted and still on its way down."""
+        return key in self._fetching or key in self._going_down
 
     def _worth_fetching(self, key: ChunkKey, now: float) -> bool:
-        if key in self._fetching or key in self._going_down:
-            return True
         if self._absent_until.get(key, now) > now:
             return False
         return any(t.might_hold(key) for t in self.lower)
 
-    def _fetch_from(self, level: int, keys: list[ChunkKey], found: dict[ChunkKey, Any]) -> None:
-        """Ask ``lower[level]`` for ``keys`` (on its workers), then the next tier or install."""
+    def _fetch_from(self, level: int, fetch: _Fetch) -> None:
+        """Ask ``lower[level]`` for what is still sought (on its workers), then the next
+        tier or install."""
         tier = self.lower[level]
-        want = [k for k in keys if tier.might_hold(k)]
+        want = [k for k in fetch.rest() if tier.might_hold(k)]
         if not want:
-            self._after_fetch(level, keys, found)
+            self._after_fetch(level, fetch)
             return
-        self._track(tier.get_async(want), lambda f: self._fetched(level, keys, found, f))
+        self._track(tier.get_async(want), lambda f: self._fetched(level, fetch, f))
 
-    def _fetched(self, level: int, keys: list[ChunkKey], found: dict[ChunkKey, Any],
+    def _fetched(self, level: int, fetch: _Fetch,
                  future: Future[dict[ChunkKey, memoryview]]) -> None:
         got = {} if future.exception() else future.result()
-        found.update((k, (level, v)) for k, v in got.items())
-        self._after_fetch(level, keys, found)
+        fetch.found.update((k, (level, v)) for k, v in got.items())
+        self._after_fetch(level, fetch)
 
-    def _after_fetch(self, level: int, keys: list[ChunkKey], found: dict[ChunkKey, Any]) -> None:
-        rest = [k for k in keys if k not in found]
-        if rest and level + 1 < len(self.lower):
-            self._fetch_from(level + 1, rest, found)
+    def _after_fetch(self, level: int, fetch: _Fetch) -> None:
+        if level + 1 < len(self.lower) and fetch.rest():
+            self._fetch_from(level + 1, fetch)
         else:
-            self._install(list(found) + rest, found)
+            self._install(fetch)
 
-    def _install(self, keys: list[ChunkKey], found: dict[ChunkKey, tuple[int, memoryview]]) -> None:
+    def _install(self, fetch: _Fetch) -> None:
         """Store the found chunks into host slots; remember the rest as absent."""
-        installed: set[ChunkKey] = set()
+        installed: list[ChunkKey] = []
         try:
-            handle = self.host.prepare_store(list(found)) if found else None
-            if isinstance(handle, StoreHandle):
-                for k, slot in zip(handle.keys, handle.slots, strict=True):
-                    self.backend.write(slot, found[k][1])
-                    self.lower[found[k][0]].stats.add(promoted=1)
-                self.host.complete_store(handle, ok=True)
-                installed.update(handle.keys, handle.skipped)
+            if fetch.found:
+                installed = self._take_up(fetch)
             self._send_down()
         finally:
             with self.lock:
-                self._fetching.difference_update(keys)
+                self._fetching.difference_update(fetch.keys)
                 until = self._clock() + self._miss_ttl_s
-                self._absent_until.update((k, until) for k in keys if k not in installed)
+                up = set(installed)
+                self._absent_until.update((k, until) for k in fetch.keys if k not in up)
                 self._prune_absent()
+
+    def _take_up(self, fetch: _Fetch) -> list[ChunkKey]:
+        """Reserve host slots for the found chunks, the lookup's chunks in host memory
+        protected (module docstring), write and publish them; the keys now in host memory."""
+        found = fetch.found
+        with self.lock:
+            asked = fetch.asked
+            held = [k for k, s in zip(asked, self.host.lookup(asked), strict=True)
+                    if s is not ChunkState.ABSENT]
+            handle = self.host.prepare_store(held + list(found))
+        if not isinstance(handle, StoreHandle):
+            return []
+        for k, slot in zip(handle.keys, handle.slots, strict=True):
+            self.backend.write(slot, found[k][1])
+        self.host.complete_store(handle, ok=True)
+        self._promoted(handle.keys, found)
+        return [k for k in found if k in handle.keys or k in handle.skipped]
+
+    def _promoted(
+        self, keys: Sequence[ChunkKey], found: dict[ChunkKey, tuple[int, memoryview]]
+    ) -> None:
+        """Count each promoted chunk to its tier and tell the watchers; under exclusive
+        placement, take it out of that tier (before host evictions are written down)."""
+        by_tier: dict[int, list[ChunkKey]] = {}
+        for k in keys:
+            by_tier.setdefault(found[k][0], []).append(k)
+        for level, ks in by_tier.items():
+            tier = self.lower[level]
+            tier.stats.add(promoted=len(ks))
+            for watch in self._watchers:
+                for k in ks:
+                    watch(k, tier.name)
+            if self.placement == "exclusive":
+                self._track(tier.remove_async(ks))
+
+    def watch_promotions(self, callback: Promoted) -> None:
+        """Call ``callback(key, tier name)`` for every chunk promoted into host memory
+        from now on, on the thread that installs it (for synchronous tiers, within
+        ``lookup``)."""
+        with self.lock:
+            self._watchers.append(callback)
 
     def _prune_absent(self) -> None:
         if len(self._absent_until) > 65536:
@@ -242,9 +319,13 @@ class TieredStore:
             self._send_down()
 
     def complete_store(self, handle: StoreHandle, ok: bool) -> None:
-        """Publish on the host (and write through to every tier, under write-through)."""
+        """Publish on the host (and write through to every tier, under write-through); a
+        failed store's slots are cleared as they are freed, like evicted ones."""
         try:
-            self.host.complete_store(handle, ok)
+            with self.lock:
+                self.host.complete_store(handle, ok)
+                for slot in () if ok else handle.slots:
+                    self._clear(slot)
         finally:
             self._send_down()
 
@@ -269,6 +350,18 @@ class TieredStore:
         due = EventKind.EVICTED if self.write_policy == "write-back" else EventKind.STORED
         if event.kind is due and self.lower and event.key not in self._fetching:
             self._outbox.append((event.key, self.backend.read(event.slot)))
+            self._absent_until.pop(event.key, None)  # going down: worth fetching again
+        if event.kind is not EventKind.STORED:
+            self._clear(event.slot)  # freed: none of its bytes may go down with the next chunk
+
+    def _clear(self, slot: int) -> None:
+        """Zero a slot being freed (``HostSlab.clear``: free slots are zero past the
+        smallest chunk), so a shorter chunk stored there later carries none of this one's
+        bytes to a lower tier."""
+        if isinstance(self.backend, HostSlab):
+            self.backend.clear(slot)
+        else:
+            self.backend.write(slot, bytes(self.backend.slot_bytes))
 
     def _send_down(self) -> None:
         """One batch to the next tier (write-back) or to every tier (write-through)."""

@@ -34,15 +34,28 @@ from types import TracebackType
 import numpy as np
 import torch
 
+from kvtier import coverage
 from kvtier.coverage import BlockRun
 from kvtier.layout import Layout
+from kvtier.transfer import native
 from kvtier.transfer.copies import ChunkCopy, Direction, GroupKV, JobResult, SlotRef, as_copies
-from kvtier.transfer.mover import FaultHook, Mover
+from kvtier.transfer.mover import Copier, FaultHook, Mover
 from kvtier.transfer.plan import Batch, plan_job
+from kvtier.transfer.torch_copier import TorchCopier
 from kvtier.transfer.views import build_views, register_slab
 
 DEFAULT_STAGING_BYTES = 4 << 20
 """Staging per direction on the KV device; a job larger than this runs in several batches."""
+
+
+def copier_maker(device: torch.device, fault: FaultHook | None,
+                 staging_bytes: int) -> Callable[[int], Copier]:
+    """Builds, given its thread count, the copier each direction's mover runs: the native
+    one on the CPU of a compiled build (:func:`kvtier.transfer.native.available`), else the
+    torch one. The engine asks once, when it is built."""
+    if device.type == "cpu" and native.available():
+        return lambda threads: native.NativeCopier(fault, threads)
+    return lambda threads: TorchCopier(device, fault, staging_bytes, threads)
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,8 @@ class TransferEngine:
     the default, takes torch's intra-op thread count. ``slab``: a ``[num_slots, row_bytes]``
     uint8 host array (``allocate_slab``) whose rows copies may then name by index,
     ``ChunkCopy(group, slot=7, ...)``: the cheaper way to name a slot, checked in a few
-    array operations per job rather than per copy.
+    array operations per job rather than per copy. The bytes move by the copier
+    :func:`copier_maker` picks here, once: the native one on the CPU of a compiled build.
     """
 
     def __init__(
@@ -109,8 +123,7 @@ class TransferEngine:
         self._views, self.device = build_views(layout, kv)
         self._slab = None if slab is None else register_slab(slab, self.slot_bytes)
         self._layout = layout
-        self._fault = fault
-        self._staging_bytes = staging_bytes
+        self._new_copier = copier_maker(self.device, fault, staging_bytes)
         self._load_threads = load_threads
         self._ids = itertools.count()
         self._cond = threading.Condition()
@@ -146,11 +159,8 @@ class TransferEngine:
         if len(ids) != run.num_blocks:
             raise ValueError(f"block_table has {len(block_table)} entries; {run} needs "
                              f"{start + run.num_blocks}")
-        if self._views[group].blocks_per_slot == 1 and bpc > 1:
-            if run.num_blocks != 1 or run.first_block != bpc - 1:
-                raise ValueError(f"a state chunk holds only its last block; got {run}")
-            return ChunkCopy(group, slot, ids, first_block=0)
-        return ChunkCopy(group, slot, ids, first_block=run.first_block)
+        first = coverage.slot_block(self._layout.groups[group], run)
+        return ChunkCopy(group, slot, ids, first_block=first)
 
     # -- jobs --------------------------------------------------------------------------
 
@@ -163,7 +173,7 @@ class TransferEngine:
                 return
             for direction in ("store", "load"):
                 threads = self._load_threads or torch.get_num_threads()
-                mover = Mover(self.device, self._fault, self._staging_bytes, threads)
+                mover = Mover(self.device, self._new_copier(threads))
                 self._workers[direction] = _Worker(direction, mover, self._report)
 
     def submit_store(self, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:

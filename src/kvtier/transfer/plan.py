@@ -7,7 +7,7 @@ so that they move with one batched ``index_select`` / ``index_copy_`` per (block
 layer piece), and slots that sit evenly spaced in one slab can be addressed as one view.
 Copies whose engine blocks are consecutive ids (what a fresh allocator hands out) form
 batches of their own, marked ``consecutive``: there a layer's blocks move in runs of
-several blocks per copy (see :func:`kvtier.transfer.mover.placements`).
+several blocks per copy (see :func:`kvtier.transfer.torch_copier.placements`).
 
 The checks and the grouping run over arrays (one entry per copy, or per block id), so a
 job of thousands of copies costs one short Python pass to read them, not a pass per check;

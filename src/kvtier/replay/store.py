@@ -1,0 +1,121 @@
+"""The replay's store: the real ``TieredStore``, plus what the driver asks of it.
+
+Both replays run the store's own write-back, promotion and placement rules
+(``kvtier.store.tiered``); they differ only in the tiers underneath:
+
+* the metadata replay (``kvtier.replay.metadata``): a host of zero-byte slots over a
+  ``MetadataTier`` standing in for the disk, both synchronous, so a promotion completes
+  within the lookup that finds the chunk below;
+* ``--bytes`` (``kvtier.replay.bytes_store``): a ``HostSlab`` over a real ``DiskTier`` and
+  ``RedisTier``, promoting on their workers while the planner WAITs.
+
+Placement is exclusive in both (``PLACEMENT``): a promoted chunk leaves the tier below, so
+host memory and the disk hold distinct chunks and their capacities add up.
+
+Beyond the planner's protocol the driver asks where each chunk is (``locate``, to count
+block hits anywhere), to keep the chunks a request references but does not load safe from
+its own stores (``hold``), and to count their use without promoting them (``refresh``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+from kvtier.keys import ChunkKey
+from kvtier.store import ChunkStore, LoadHandle, Policy
+from kvtier.store.lower import LowerTier
+from kvtier.store.results import checked_keys
+from kvtier.store.tiered import Placement, TieredStore
+
+HOST, DISK, REDIS = "host", "disk", "redis"
+PLACEMENT: Placement = "exclusive"
+"""The replays' placement (module docstring)."""
+
+
+@runtime_checkable
+class _Sized(Protocol):
+    """A lower tier with a slot count (``DiskTier``, ``MetadataTier``)."""
+
+    @property
+    def capacity_chunks(self) -> int: ...
+
+
+@runtime_checkable
+class _Exact(Protocol):
+    """A lower tier that answers exactly, in one call, which keys it holds (``RedisTier``,
+    ``MetadataTier``); for the others ``might_hold`` is exact (``DiskTier``'s index)."""
+
+    def exists(self, keys: Sequence[ChunkKey]) -> list[bool]: ...
+
+
+@runtime_checkable
+class _Counting(Protocol):
+    """A lower tier that can count a use of a chunk without reading it (``MetadataTier``)."""
+
+    def touch(self, keys: Iterable[ChunkKey]) -> int: ...
+
+
+class ReplayStore(TieredStore):
+    """``host`` above ``lower`` tiers (``TieredStore``) with exclusive placement, and the
+    driver's queries (module docstring)."""
+
+    def __init__(
+        self, host: ChunkStore, lower: Sequence[LowerTier] = (), *, miss_ttl_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(host, lower, placement=PLACEMENT, miss_ttl_s=miss_ttl_s, clock=clock)
+        self.policy: Policy = host.policy
+        self.promoted: dict[ChunkKey, str] = {}
+        """Keys promoted into host memory since the caller last cleared it, with their tier."""
+        self.watch_promotions(self.promoted.__setitem__)
+        self._counting = [t for t in self.lower if isinstance(t, _Counting)]
+
+    def tier_slots(self) -> dict[str, int]:
+        """Slots per tier, fastest first (a tier without a slot count, Redis, omitted)."""
+        slots = {HOST: self.num_slots}
+        slots.update((t.name, t.capacity_chunks) for t in self.lower if isinstance(t, _Sized))
+        return slots
+
+    def locate(self, keys: Iterable[ChunkKey]) -> list[str]:
+        """Once background work is done: the first tier holding each key, or ``""``
+        (absent, or not readable yet); changes nothing."""
+        ks = checked_keys(keys)
+        self.flush(timeout_s=60.0)
+        out = [HOST if s.readable else "" for s in self.host.lookup(ks)]
+        for tier in self.lower:
+            rest = [i for i, w in enumerate(out) if not w]
+            if not rest:
+                break
+            for i, there in zip(rest, _holds(tier, [ks[i] for i in rest]), strict=True):
+                if there:
+                    out[i] = tier.name
+        return out
+
+    def hold(self, keys: list[ChunkKey]) -> LoadHandle | None:
+        """Pin the host-resident ``keys`` (safe from eviction; ``complete_load`` releases
+        them and counts the use) and count a use of the others where they are, without
+        promoting them."""
+        where = self.locate(keys)
+        self._count_below([k for k, w in zip(keys, where, strict=True) if w and w != HOST])
+        host = [k for k, w in zip(keys, where, strict=True) if w == HOST]
+        return self.host.prepare_load(host) if host else None
+
+    def refresh(self, keys: list[ChunkKey]) -> None:
+        """Count a use of each key wherever it is, without promoting."""
+        self.touch(keys)
+        self._count_below(keys)
+
+    def _count_below(self, keys: list[ChunkKey]) -> None:
+        """Count a use of ``keys`` in every lower tier that can without a read (a tier
+        that cannot keeps recency through its reads only)."""
+        if keys:
+            for tier in self._counting:
+                tier.touch(keys)
+
+
+def _holds(tier: LowerTier, keys: list[ChunkKey]) -> list[bool]:
+    if isinstance(tier, _Exact):
+        return tier.exists(keys)
+    return [tier.might_hold(k) for k in keys]

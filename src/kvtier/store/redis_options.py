@@ -1,0 +1,181 @@
+"""What a Redis tier is given, checked before any connection: the server's URL, its
+printable form with every secret hidden, a password from a file or the environment, and
+the bounds of its numbers.
+
+One check serves ``RedisConfig`` and ``RedisTier`` alike (``check_url``): redis-py would
+accept ``redis://host:notaport`` or ``redis://host/abc`` (silently database 0) and fail, or
+connect somewhere else, on first use. Secrets never leave through a message or a log line:
+everything kvtier prints shows ``redact(url)``.
+
+>>> redact("redis://user:secret@cache:6379/0")
+'redis://user:***@cache:6379/0'
+>>> redact("rediss://cache/0?password=secret&ssl_ca_certs=/etc/ca.pem")
+'rediss://cache/0?password=***&ssl_ca_certs=/etc/ca.pem'
+>>> check_url("redis://cache:notaport/0", "url")
+Traceback (most recent call last):
+...
+ValueError: url: port must be an integer in 1..65535, got 'redis://cache:notaport/0'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Callable
+from urllib.parse import parse_qsl, unquote_plus, urlsplit
+
+MAX_TTL_S = 10**15
+"""The longest ``ttl_s``: Redis refuses (and kvtier would refuse every write) an expiry past
+2**63 milliseconds from 1970; 10**15 s, thirty million years, stays clear of that."""
+MAX_PASSWORD_BYTES = 4096
+"""A password file longer than this is not one (``/dev/zero`` must not fill memory)."""
+MAX_TIMEOUT_S = 3600.0
+"""The longest ``timeout_s``: sockets refuse timeouts past the platform's time_t."""
+
+_SCHEMES = ("redis", "rediss", "unix")
+_SHAPE = "redis://host:port/db, rediss://host:port/db or unix:///path/to/redis.sock?db=0"
+_TRUTH = ("true", "false", "yes", "no", "1", "0")
+_QUERY: dict[str, tuple[str, ...] | None] = {
+    "db": None, "password": None, "username": None, "client_name": None,
+}
+"""Query options every scheme takes (None: any text; ``db`` is checked apart)."""
+_TLS_QUERY: dict[str, tuple[str, ...] | None] = {
+    "ssl_ca_certs": None, "ssl_ca_path": None, "ssl_certfile": None, "ssl_keyfile": None,
+    "ssl_password": None, "ssl_cert_reqs": ("none", "optional", "required"),
+    "ssl_check_hostname": _TRUTH,
+}
+"""Query options of ``rediss://`` only: redis-py's ``SSLConnection`` parameters."""
+_SECRET_QUERY = ("password", "ssl_password")
+_Fault = Callable[[str], ValueError]
+"""Makes the ValueError of a bad URL from what is wrong with it."""
+_USERINFO = re.compile(r"^(?P<scheme>(?:[^:/?#]*://)?)(?P<info>[^?#]*)@")
+"""Everything before the last ``@`` ahead of the query: a malformed URL's too, or one
+without a scheme, so that a password never shows, whatever surrounds it."""
+_DIGITS = re.compile(r"[0-9]+")
+"""A database number as redis-py reads it (``str.isdigit`` would take ``"²"``)."""
+_OPTION = re.compile(r"(?P<lead>[?&#;])(?P<name>[^?&#;=]*)=(?P<value>[^?&#;]*)")
+"""A ``name=value`` option, in the query or (malformed) the fragment."""
+
+
+def redact(url: str) -> str:
+    """``url`` with its password (in the user part or the query) shown as ``***``; safe on
+    malformed URLs too, so error messages can print it.
+
+    >>> redact("unix://:pw@/run/redis.sock?db=1"), redact("redis://cache:6379/0")
+    ('unix://:***@/run/redis.sock?db=1', 'redis://cache:6379/0')
+    """
+    m = _USERINFO.match(url)
+    if m is not None:
+        user, colon, _ = m.group("info").partition(":")
+        url = f"{m.group('scheme')}{user}{colon and ':***'}@{url[m.end():]}"
+    return _OPTION.sub(_redact_option, url)
+
+
+def _redact_option(m: re.Match[str]) -> str:
+    hidden = unquote_plus(m.group("name")) in _SECRET_QUERY
+    return f"{m.group('lead')}{m.group('name')}=***" if hidden else m.group(0)
+
+
+def check_url(url: object, where: str, *, username: bool = False, password: bool = False) -> str:
+    """``url`` if redis-py will connect where it says; ``ValueError`` naming the part at
+    fault otherwise (the URL shown redacted). ``username`` / ``password``: whether they are
+    also given outside the URL, which the URL then must not repeat."""
+    if not isinstance(url, str):
+        raise ValueError(f"{where}: must look like {_SHAPE}, got a {type(url).__name__}")
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{where}: {what}, got {redact(url)!r}")
+
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:  # an unclosed [ of an IPv6 address
+        raise bad(f"not a URL ({e})") from None
+    try:
+        port = parts.port
+    except ValueError:
+        raise bad("port must be an integer in 1..65535") from None
+    if parts.scheme not in _SCHEMES or not url.startswith(f"{parts.scheme}://"):
+        raise bad(f"must look like {_SHAPE}")
+    if "#" in url:
+        raise bad("'#' starts a fragment, which redis-py drops: write it as %23")
+    options = _query(parts.query, parts.scheme, bad)
+    if parts.scheme == "unix":
+        if parts.hostname or not parts.path.strip("/"):
+            raise bad("give the socket's path after three slashes: unix:///path/to/redis.sock")
+    else:
+        _check_address(parts.hostname, port, parts.path, "db" in options, bad)
+    if password and (parts.password is not None or "password" in options):
+        raise bad("the password is given twice (in the URL and apart): keep one")
+    if username and (parts.username or "username" in options):
+        raise bad("the username is given twice (in the URL and apart): keep one")
+    return url
+
+
+def _check_address(
+    host: str | None, port: int | None, path: str, db_in_query: bool, bad: _Fault
+) -> None:
+    if not host:
+        raise bad("give the server's host: redis://host:port/db")
+    if port == 0:
+        raise bad("port must be an integer in 1..65535")
+    db = path.strip("/")
+    if db and not _DIGITS.fullmatch(db):
+        raise bad("the database (the path) must be a number such as /0")
+    if db and db_in_query:
+        raise bad("the database is given twice (path and ?db=): keep one")
+
+
+def _query(query: str, scheme: str, bad: _Fault) -> dict[str, str]:
+    """The URL's query options, each known to this scheme, given once, with a valid value."""
+    known = {**_QUERY, **(_TLS_QUERY if scheme == "rediss" else {})}
+    options: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in known:
+            tls = " (TLS options need rediss://)" if name in _TLS_QUERY else ""
+            raise bad(f"unknown URL option {name!r}{tls}; known: {sorted(known)}")
+        choices = known[name]
+        if name in options:
+            raise bad(f"URL option {name!r} is given twice")
+        if choices is not None and value.lower() not in choices:
+            raise bad(f"URL option {name!r} must be one of {list(choices)}")
+        options[name] = value
+    if not _DIGITS.fullmatch(options.get("db", "0")):
+        raise bad("URL option 'db' must be a number such as 0")
+    return options
+
+
+def read_password(password_file: str | None, password_env: str | None, where: str) -> str | None:
+    """The password in ``password_file`` (its content less a final line break) or in the
+    environment variable ``password_env`` (at most one given); None with neither.
+    ``ValueError`` naming the file or variable, never its content, if it cannot be read."""
+    if password_file is not None and password_env is not None:
+        raise ValueError(f"{where}: give password_file or password_env, not both")
+    if password_file is not None:
+        secret = _read_secret(password_file, f"{where}.password_file")
+        source = f"password_file {password_file}"
+    elif password_env is not None:
+        secret = os.environ.get(password_env, "")
+        source = f"environment variable {password_env}"
+    else:
+        return None
+    if not secret:
+        raise ValueError(f"{where}: {source} is empty or unset; put the Redis password there")
+    return secret
+
+
+def _read_secret(path: str, where: str) -> str:
+    """The text of the regular file at ``path`` less a final line break, at most
+    ``MAX_PASSWORD_BYTES`` of UTF-8."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device not end
+            raise ValueError("not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_PASSWORD_BYTES + 1)
+        if len(data) > MAX_PASSWORD_BYTES:
+            raise ValueError(f"longer than {MAX_PASSWORD_BYTES} bytes: not a password file")
+        return data.decode().rstrip("\r\n")
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        reason = getattr(e, "strerror", None) or (
+            "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e))
+        raise ValueError(f"{where}: cannot read {path} ({reason})") from None
