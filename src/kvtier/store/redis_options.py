@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Callable
 from urllib.parse import parse_qsl, unquote_plus, urlsplit
+
+from kvtier.store.seal import read_secret_file
 
 MAX_TTL_S = 10**15
 """The longest ``ttl_s``: Redis refuses (and kvtier would refuse every write) an expiry past
 2**63 milliseconds from 1970; 10**15 s, thirty million years, stays clear of that."""
-MAX_PASSWORD_BYTES = 4096
-"""A password file longer than this is not one (``/dev/zero`` must not fill memory)."""
 MAX_TIMEOUT_S = 3600.0
 """The longest ``timeout_s``: sockets refuse timeouts past the platform's time_t."""
 
@@ -165,17 +164,9 @@ def read_password(password_file: str | None, password_env: str | None, where: st
 
 
 def _read_secret(path: str, where: str) -> str:
-    """The text of the regular file at ``path`` less a final line break, at most
-    ``MAX_PASSWORD_BYTES`` of UTF-8."""
+    """The UTF-8 text of the password file at ``path`` less a final line break."""
+    data = read_secret_file(path, where, "password")
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device not end
-            raise ValueError("not a regular file")
-        with open(path, "rb") as f:
-            data = f.read(MAX_PASSWORD_BYTES + 1)
-        if len(data) > MAX_PASSWORD_BYTES:
-            raise ValueError(f"longer than {MAX_PASSWORD_BYTES} bytes: not a password file")
         return data.decode().rstrip("\r\n")
-    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
-        reason = getattr(e, "strerror", None) or (
-            "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e))
-        raise ValueError(f"{where}: cannot read {path} ({reason})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: cannot read {path} (not UTF-8 text)") from None

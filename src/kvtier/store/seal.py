@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import hmac
 import os
+import stat
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import Any
 
 from kvtier.store.backend import BytesLike
@@ -43,6 +43,28 @@ MIN_SECRET_BYTES = 16
 
 class SealError(RecordError):
     """A sealed record failed authentication (forged, tampered, or another secret)."""
+
+
+MAX_SECRET_FILE_BYTES = 4096
+"""The most a secret or password file may hold."""
+
+
+def read_secret_file(path: str, where: str, what: str) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``MAX_SECRET_FILE_BYTES`` (a FIFO
+    would block, a device never end). ``ValueError`` naming ``where`` and the file, never
+    its content."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError("not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_SECRET_FILE_BYTES + 1)
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise ValueError(f"{where}: cannot read {path} ({reason})") from None
+    if len(data) > MAX_SECRET_FILE_BYTES:
+        raise ValueError(f"{where}: {path} is longer than {MAX_SECRET_FILE_BYTES} bytes: "
+                         f"not a {what} file")
+    return data
 
 
 class Secret:
@@ -69,10 +91,7 @@ class Secret:
             raise ValueError("a secret comes from exactly one of a file or an environment "
                              "variable")
         if file is not None:
-            try:
-                value = Path(file).read_bytes().strip()
-            except OSError as e:
-                raise ValueError(f"secret file {file}: cannot read it ({e.strerror})") from None
+            value = read_secret_file(file, f"secret file {file}", "secret").strip()
             return cls(value, f"file {file}")
         assert env is not None
         found = os.environ.get(env)
