@@ -13,7 +13,10 @@ of 8 chunks (one write-back or promotion batch):
   memory bandwidth against crc32 speed, not disk;
 * Redis write and read: ``RedisTier.put`` / ``get`` against a bare redis-py pipeline of
   SET / GET of the same payloads, on a private ``redis-server`` started for the run; which
-  of the two goes first alternates from round to round.
+  of the two goes first alternates from round to round;
+* Redis Cluster write and read: the same on a private three-master cluster
+  (``tests/redis_cluster.py``), the tier given the start-up nodes, the bare side a
+  redis-py ``RedisCluster`` pipeline (which splits each batch by node as the tier does).
 
 * sealed records: the same tier storing and loading the same chunks as plain records
   (crc32), as MAC records (HMAC-SHA256) and as encrypted records (AES-256-GCM), in turn,
@@ -25,10 +28,11 @@ of 8 chunks (one write-back or promotion batch):
 Every figure is a ratio of bandwidths, tier over bare, the best of ``--repeats``
 interleaved runs (the machine is shared and noisy); ``*_ratio_median`` is the median over
 rounds of each round's own ratio, the steadier figure when other work comes and goes.
-Targets: disk at least 0.7 of bare, Redis at least 0.8. Prints a table, then as its last
-line one JSON object.
+Targets: disk at least 0.7 of bare, Redis and the cluster at least 0.8. Prints a table,
+then as its last line one JSON object.
 
     python benchmarks/tiers.py [--quick] [--seals-only] [--redis-url redis://host:port/0]
+                               [--cluster-nodes host:port,host:port]
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -56,7 +61,8 @@ from kvtier.store.seal import AeadSeal, MacSeal, Seal, Secret
 CHUNK = 2 << 20
 BATCH = 8
 TARGETS = {"disk_write_ratio": 0.7, "disk_read_ratio": 0.7,
-           "redis_write_ratio": 0.8, "redis_read_ratio": 0.8}
+           "redis_write_ratio": 0.8, "redis_read_ratio": 0.8,
+           "cluster_write_ratio": 0.8, "cluster_read_ratio": 0.8}
 
 Item = tuple[ChunkKey, bytes]
 
@@ -185,11 +191,40 @@ def _wait_for_ping(port: int) -> None:
     raise SystemExit(f"redis-server on port {port} did not answer PING")
 
 
+@contextmanager
+def redis_cluster(nodes: str | None) -> Iterator[list[str]]:
+    """``nodes`` (comma-separated), or a private three-master cluster for the run."""
+    if nodes is not None:
+        yield nodes.split(",")
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from redis_cluster import HAVE_CLUSTER_TOOLS, LocalRedisCluster
+
+    if not HAVE_CLUSTER_TOOLS:
+        raise SystemExit("redis-server/redis-cli not on PATH; install or pass --cluster-nodes")
+    with tempfile.TemporaryDirectory() as d, LocalRedisCluster(Path(d)) as cluster:
+        yield cluster.startup_nodes
+
+
 def redis_round(url: str, items: list[Item], n: int) -> dict[str, float]:
     import redis
 
     bare = redis.Redis.from_url(url, socket_timeout=30)
-    tier = RedisTier(url, namespace="bench-tier", timeout_s=30)
+    return remote_round(bare, RedisTier(url, namespace="bench-tier", timeout_s=30), items, n)
+
+
+def cluster_round(nodes: Sequence[str], items: list[Item], n: int) -> dict[str, float]:
+    from redis.cluster import ClusterNode, RedisCluster
+
+    startup = [ClusterNode(*node.rsplit(":", 1)) for node in nodes]
+    bare = RedisCluster(startup_nodes=startup, socket_timeout=30)
+    tier = RedisTier(cluster_nodes=nodes, namespace="bench-tier", timeout_s=30)
+    return remote_round(bare, tier, items, n)
+
+
+def remote_round(bare: Any, tier: RedisTier, items: list[Item], n: int) -> dict[str, float]:
+    """One interleaved round on one server or cluster: seconds for the bare redis-py
+    client's pipelines and the tier's batches, writing then reading ``items``."""
     names = [f"bench-bare:{k.hex()}" for k, _ in items]
     keys = [k for k, _ in items]
 
@@ -322,12 +357,13 @@ def figures_of(prefix: str, bw: dict[str, float]) -> dict[str, float]:
 
 
 def print_table(figures: dict[str, Any]) -> None:
-    print(f"{'tier':<7}{'op':<11}{'tier GB/s':>11}{'bare GB/s':>11}{'ratio':>8}{'target':>8}"
+    print(f"{'tier':<9}{'op':<11}{'tier GB/s':>11}{'bare GB/s':>11}{'ratio':>8}{'target':>8}"
           f"{'median':>8}")
     for tier, op in (("disk", "write"), ("disk", "read"), ("disk", "warm_read"),
-                     ("redis", "write"), ("redis", "read")):
+                     ("redis", "write"), ("redis", "read"),
+                     ("cluster", "write"), ("cluster", "read")):
         target = TARGETS.get(f"{tier}_{op}_ratio")
-        print(f"{tier:<7}{op:<11}{figures[f'{tier}_{op}_gbps']:>11.3f}"
+        print(f"{tier:<9}{op:<11}{figures[f'{tier}_{op}_gbps']:>11.3f}"
               f"{figures[f'{tier}_bare_{op}_gbps']:>11.3f}{figures[f'{tier}_{op}_ratio']:>8.2f}"
               f"{'-' if target is None else f'{target:.2f}':>8}"
               f"{figures[f'{tier}_{op}_ratio_median']:>8.2f}")
@@ -339,6 +375,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=48, help="2 MiB chunks per round")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--redis-url", default=None, help="an existing server (default: own)")
+    parser.add_argument("--cluster-nodes", default=None,
+                        help="an existing cluster's start-up nodes, host:port,... (default: own)")
     parser.add_argument("--seals-only", action="store_true",
                         help="only the cost of sealed records against plain ones")
     args = parser.parse_args()
@@ -350,9 +388,10 @@ def main() -> None:
         if not args.seals_only:
             disk = [disk_round(Path(work), items, i) for i in range(repeats)]
             remote = [redis_round(url, items, i) for i in range(repeats)]
-            figures |= figures_of("disk", best(disk, nbytes))
-            figures |= figures_of("redis", best(remote, nbytes))
-            figures |= median_ratios("disk", disk) | median_ratios("redis", remote)
+            with redis_cluster(args.cluster_nodes) as nodes:
+                cluster = [cluster_round(nodes, items, i) for i in range(repeats)]
+            for name, rounds in (("disk", disk), ("redis", remote), ("cluster", cluster)):
+                figures |= figures_of(name, best(rounds, nbytes)) | median_ratios(name, rounds)
         for medium, make in seal_tiers(Path(work), url, n).items():
             figures |= seal_figures(medium, [seal_round(make, items, i) for i in range(repeats)])
     if not args.seals_only:

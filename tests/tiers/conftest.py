@@ -1,8 +1,10 @@
-"""Fixtures of the tier tests: a private ``redis-server`` on a free loopback port, and the
-tier factories the contract suite runs against."""
+"""Fixtures of the tier tests: a private ``redis-server`` on a free loopback port, a Redis
+Cluster shared by the tests that only need a working one, and the tier factories the
+contract suite runs against."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from tier_helpers import (
 from kvtier.store.disk import DiskTier
 from kvtier.store.lower import LowerTier
 from kvtier.store.remote import RedisTier
+from redis_cluster import HAVE_CLUSTER_TOOLS, LocalRedisCluster
 
 needs_redis = pytest.mark.skipif(
     REDIS_SERVER is None,
@@ -36,18 +39,35 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
+    """One healthy Redis Cluster for every test that does not break it (each test keeps
+    to a namespace of its own); tests that kill or pause nodes use ``redis_cluster``."""
+    if not HAVE_CLUSTER_TOOLS:
+        pytest.skip("redis-server/redis-cli not on PATH (CI installs Debian's redis-server)")
+    with LocalRedisCluster(tmp_path_factory.mktemp("shared-cluster")) as cluster:
+        yield cluster
 
 
-@pytest.fixture(params=["disk", pytest.param("redis", marks=pytest.mark.redis)])
+TIER_KINDS = ["disk", pytest.param("redis", marks=pytest.mark.redis),
+              pytest.param("cluster", marks=pytest.mark.redis)]
+
+
+@pytest.fixture(params=TIER_KINDS)
 def make_tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TierFactory]:
     """Builds tiers of one kind (every kind in turn); all closed at teardown."""
     made: list[LowerTier] = []
     server = request.getfixturevalue("redis_server") if request.param == "redis" else None
+    cluster = request.getfixturevalue("shared_cluster") if request.param == "cluster" else None
+    namespace = f"t{uuid.uuid4().hex[:12]}"
 
     def build(geometry: bytes = GEOMETRY, **options: object) -> LowerTier:
         tier: LowerTier
         if server is not None:
             tier = RedisTier(server.url, geometry=geometry, **options)  # type: ignore[arg-type]
+        elif cluster is not None:
+            tier = RedisTier(cluster_nodes=cluster.startup_nodes, namespace=namespace,
+                             geometry=geometry, **options)  # type: ignore[arg-type]
         else:
             for t in made:
                 t.close()  # one process may hold a directory at a time

@@ -5,6 +5,7 @@ that never reach the engine."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -25,12 +26,16 @@ Stack = Callable[..., TieredStore]
 
 
 @pytest.fixture(params=["disk", pytest.param("redis", marks=pytest.mark.redis),
-                        pytest.param("disk+redis", marks=pytest.mark.redis)])
+                        pytest.param("disk+redis", marks=pytest.mark.redis),
+                        pytest.param("disk+cluster", marks=pytest.mark.redis)])
 def make_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
-    """Builds TieredStores of 2 host slots over one stack of lower tiers (each in turn)."""
+    """Builds TieredStores of 2 host slots over one stack of lower tiers (each in turn);
+    ``cluster`` is a Redis Cluster, in a namespace of this test's own."""
     made: list[TieredStore] = []
     names = str(request.param).split("+")
     server = request.getfixturevalue("redis_server") if "redis" in names else None
+    cluster = request.getfixturevalue("shared_cluster") if "cluster" in names else None
+    namespace = f"h{uuid.uuid4().hex[:12]}"
 
     def build(write_policy: WritePolicy = "write-back", disk_chunks: int = 16,
               clock: Clock | None = None, writer: ControlledWriter | None = None,
@@ -41,6 +46,9 @@ def make_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack
                                   geometry=GEOMETRY, writer=writer))
         if server is not None:
             lower.append(RedisTier(server.url, geometry=GEOMETRY, timeout_s=0.5))
+        if cluster is not None:
+            lower.append(RedisTier(cluster_nodes=cluster.startup_nodes, namespace=namespace,
+                                   geometry=GEOMETRY, timeout_s=0.5))
         host = ChunkStore(backend=HostSlab(2, SLOT, pin_memory=False))
         store = TieredStore(host, lower, write_policy=write_policy, placement=placement,
                             clock=clock or Clock())

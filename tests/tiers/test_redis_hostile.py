@@ -133,10 +133,14 @@ def test_a_malformed_url_is_refused_when_built(url: str) -> None:
             build()
 
 
-@pytest.mark.parametrize("url", [42, None, b"redis://cache/0"])
+@pytest.mark.parametrize("url", [42, b"redis://cache/0"])
 def test_a_url_that_is_not_text_is_refused(url: object) -> None:
     with pytest.raises(ValueError, match="got a"):
         RedisConfig(url=url)  # type: ignore[arg-type]
+
+
+def test_no_url_means_the_local_default() -> None:
+    assert RedisConfig(url=None) == RedisConfig() == RedisConfig(url="redis://127.0.0.1:6379/0")
 
 
 GOOD_URLS = [

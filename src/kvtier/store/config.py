@@ -5,6 +5,7 @@ Write it in Python (``TierConfig(host=HostConfig("16GiB"), ...)``) or as TOML:
 .. code-block:: toml
 
     write_policy = "write-back"      # or "write-through"
+    admit_after = 1                  # store a chunk at its N-th offer (1: every offer)
 
     [host]
     capacity = "16GiB"
@@ -15,7 +16,8 @@ Write it in Python (``TierConfig(host=HostConfig("16GiB"), ...)``) or as TOML:
     capacity = "500GiB"
 
     [redis]                          # optional
-    url = "redis://cache.internal:6379/0"
+    url = "redis://cache.internal:6379/0"   # or, for a Redis Cluster:
+    # cluster_nodes = ["10.0.0.1:6379", "10.0.0.2:6379"]
     timeout_s = 0.2
 
 Sizes are integers (bytes) or strings with a unit: ``B``, ``KB``/``MB``/``GB``/``TB``
@@ -43,9 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from kvtier.store.admission import Admission
 from kvtier.store.redis_options import (
+    DEFAULT_URL,
     MAX_TIMEOUT_S,
     MAX_TTL_S,
+    check_cluster_namespace,
+    check_cluster_nodes,
     check_url,
     read_password,
     redact,
@@ -193,11 +199,16 @@ class DiskConfig:
 
 @dataclass(frozen=True)
 class RedisConfig:
-    """A shared Redis server; its memory limit and eviction are the server's own."""
+    """A shared Redis server or Redis Cluster; memory limits and eviction are the server's."""
 
-    url: str = "redis://127.0.0.1:6379/0"
+    url: str | None = None
     """Server address: ``redis://host:port/db``, ``rediss://`` (TLS, options as query
-    parameters) or ``unix:///path``; a password in it is accepted, but printed as ``***``."""
+    parameters) or ``unix:///path``; a password in it is accepted, but printed as ``***``.
+    Defaults to ``redis://127.0.0.1:6379/0`` unless ``cluster_nodes`` is given."""
+    cluster_nodes: tuple[str, ...] | None = None
+    """A Redis Cluster (or Valkey cluster) instead of one server: some of its nodes, each
+    ``host:port`` or a ``redis://`` / ``rediss://`` URL (all with the same scheme, login
+    and options), from which the client learns the rest; never with ``url``."""
     namespace: str = "kvtier"
     """Key prefix: processes share chunks exactly when they share the namespace."""
     timeout_s: float = 0.5
@@ -233,8 +244,7 @@ class RedisConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"[redis].{name}: must be a non-empty string, got {value!r}")
-        check_url(self.url, "[redis].url", username=self.username is not None,
-                  password=self.password_file is not None or self.password_env is not None)
+        self._check_address()
         if not isinstance(self.namespace, str) or not self.namespace.strip():
             raise ValueError(f"[redis].namespace: must be a non-empty string, got "
                              f"{self.namespace!r}")
@@ -247,6 +257,21 @@ class RedisConfig:
         self.password()  # a missing file or variable fails here, not at the first call
         _check_secret(self, "[redis]")
 
+    def _check_address(self) -> None:
+        """``url`` or ``cluster_nodes`` (one, the default URL with neither), checked."""
+        login = {"username": self.username is not None,
+                 "password": self.password_file is not None or self.password_env is not None}
+        if self.cluster_nodes is None:
+            url = DEFAULT_URL if self.url is None else self.url
+            object.__setattr__(self, "url", check_url(url, "[redis].url", **login))
+        elif self.url is not None:
+            raise ValueError("[redis]: give url (one server) or cluster_nodes (a cluster), "
+                             "not both")
+        else:
+            object.__setattr__(self, "cluster_nodes", check_cluster_nodes(
+                self.cluster_nodes, "[redis].cluster_nodes", **login))
+            check_cluster_namespace(self.namespace, "[redis].namespace")
+
     def seal(self) -> Seal | None:
         """How records are protected (the secret read now): ``kvtier.store.seal``."""
         return _seal_of(self)
@@ -257,7 +282,9 @@ class RedisConfig:
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        shown["url"] = redact(self.url)
+        shown["url"] = None if self.url is None else redact(self.url)
+        if self.cluster_nodes is not None:
+            shown["cluster_nodes"] = tuple(redact(n) for n in self.cluster_nodes)
         return f"RedisConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
 
@@ -306,6 +333,15 @@ class TierConfig:
     write it to every tier when it is stored."""
     miss_ttl_s: float = 1.0
     """How long a chunk found in no tier is reported absent before the tiers are asked again."""
+    admit_after: int = 1
+    """Admission to the hierarchy: store a new chunk only at its ``admit_after``-th offer
+    within the last ``admit_window`` offers (1: every offer, no filter). It gates what
+    enters host memory; the tiers below receive what host memory evicts (or, under
+    write-through, what it admitted), so one setting serves every tier
+    (``kvtier.store.admission``)."""
+    admit_window: int | None = None
+    """Offers admission remembers (fixed memory, at most about 150 bytes each); None: 4
+    per host slot."""
 
     def __post_init__(self) -> None:
         for name, cls in _SECTIONS.items():
@@ -314,6 +350,11 @@ class TierConfig:
                 raise ValueError(f"[{name}]: expected a {cls.__name__}, got {value!r}")
         _check_choice("write_policy", self.write_policy, get_args(WritePolicy))
         check_number("miss_ttl_s", self.miss_ttl_s, low=0)
+        self.admission()  # a bad admit_after or admit_window fails here
+
+    def admission(self) -> Admission:
+        """When the hierarchy stores a new chunk (``admit_after``, ``admit_window``)."""
+        return Admission(self.admit_after, self.admit_window)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TierConfig:

@@ -59,7 +59,7 @@ from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
 from kvtier.store.diskdir import ChunkDir, Entry, NotOurs, Writer
 from kvtier.store.host import slots_for_capacity
-from kvtier.store.lower import AsyncTwins, Demote, Item, TierStats, Workers
+from kvtier.store.lower import AsyncTwins, Demote, IndexEvents, Item, TierStats, Workers
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
 from kvtier.store.record import HEADER_BYTES, NotARecord, RecordError, decode, encode
@@ -77,7 +77,7 @@ def write_all(fd: int, buffers: Sequence[BytesLike]) -> None:
             view = view[os.write(fd, view):]
 
 
-class DiskTier(AsyncTwins):
+class DiskTier(AsyncTwins, IndexEvents):
     """Chunks as checksummed files under ``path`` (see the module docstring).
 
     ``slot_bytes``: the largest payload (the layout's largest chunk); each chunk is charged

@@ -47,6 +47,13 @@ _NAME = re.compile(rf"^([0-9a-f]{{{2 * KEY_BYTES}}})(?:\.(tmp|drop)-\d+-\d+)?$")
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
+def record_path(root: Path, key: ChunkKey) -> Path:
+    """Where a disk tier opened on ``root`` publishes ``key``'s record: ``<root>/chunks/<key
+    hex>`` (its name appears only once the record is whole and durable). Another process
+    may ``stat`` it to learn, without opening the tier, whether the tier holds the chunk."""
+    return root / "chunks" / key.hex()
+
+
 class NotOurs(OSError):
     """A chunk-named entry that is not a regular file the tier wrote: left alone."""
 

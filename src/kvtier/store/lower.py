@@ -23,16 +23,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
+from kvtier.store.results import EventKind, StoreEvent, Subscriber
+
+if TYPE_CHECKING:
+    from kvtier.store.manager import ChunkStore
 
 T = TypeVar("T")
 Item = tuple[ChunkKey, BytesLike]
 """A chunk going down: its key and its payload."""
 Demote = Callable[[ChunkKey, bytes], None]
 """Called with a chunk a tier evicted (and its payload), to write it one tier down."""
+LatencyWatcher = Callable[[str, str, float], None]
+"""Called with a tier's name, ``"read"`` or ``"write"``, and one call's seconds."""
 
 
 @dataclass
@@ -69,12 +75,30 @@ class TierStats:
     """Calls of ``put`` that reached the medium."""
     write_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _watchers: list[LatencyWatcher] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, **deltas: float) -> None:
-        """Add each delta to its counter."""
+        """Add each delta to its counter; a call counted in ``reads`` (``writes``) with its
+        ``read_seconds`` (``write_seconds``) is one latency observation for the watchers."""
         with self._lock:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
+        if self._watchers:
+            for op in ("read", "write"):
+                if deltas.get(op + "s"):
+                    for watch in self._watchers:
+                        watch(self.name, op, deltas.get(op + "_seconds", 0.0))
+
+    @property
+    def watched(self) -> bool:
+        """Whether a latency watcher is attached (a tier may time its calls only then)."""
+        return bool(self._watchers)
+
+    def watch(self, callback: LatencyWatcher) -> None:
+        """Call ``callback(tier name, "read" or "write", seconds)`` for every timed call from
+        now on (``kvtier.metrics`` builds its latency histograms from these)."""
+        with self._lock:
+            self._watchers.append(callback)
 
     def snapshot(self) -> dict[str, Any]:
         """Every counter, plus mean latencies (ms) and bandwidths (MB/s) derived from them."""
@@ -86,6 +110,27 @@ class TierStats:
         out["read_mb_s"] = _ratio(out["bytes_read"] / 1e6, out["read_seconds"])
         out["write_mb_s"] = _ratio(out["bytes_written"] / 1e6, out["write_seconds"])
         return out
+
+
+class EventCounts:
+    """Chunks a store stored and evicted, counted by subscribing to its events: one dict
+    increment per event, under the store's own lock (so no lock of its own).
+
+    >>> counts = EventCounts()
+    >>> counts(StoreEvent(EventKind.STORED, ChunkKey(bytes(40)), 0)); counts.fields()
+    {'stored': 1, 'evicted': 0}
+    """
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(EventKind, 0)
+
+    def __call__(self, event: StoreEvent) -> None:
+        self._counts[event.kind] += 1
+
+    def fields(self) -> dict[str, int]:
+        """As ``TierStats`` fields (a removal on request counts nowhere)."""
+        return {"stored": self._counts[EventKind.STORED],
+                "evicted": self._counts[EventKind.EVICTED]}
 
 
 def _ratio(a: float, b: float) -> float:
@@ -130,6 +175,32 @@ class LowerTier(Protocol):
     def close(self) -> None:
         """Finish queued work, stop the workers and release resources."""
         ...
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """A tier that publishes the chunks it stores and drops (``StoreEvent`` with its name in
+    ``tier``), as the host ``ChunkStore`` does; ``TieredStore.subscribe_tiers`` uses it."""
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]: ...
+
+
+class IndexEvents:
+    """``subscribe`` for a tier that indexes its chunks in a ``ChunkStore`` (``_index``):
+    the index's events, tagged with the tier's name. Chunks indexed before the call (a disk
+    tier's files found at open) are not announced."""
+
+    name: str
+    _index: ChunkStore
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call ``callback`` with each event from now on, under the index lock."""
+        name = self.name
+
+        def forward(event: StoreEvent) -> None:
+            callback(StoreEvent(event.kind, event.key, event.slot, name))
+
+        return self._index.subscribe(forward)
 
 
 class Workers:

@@ -15,7 +15,10 @@ asynchronously, on the data plane, between a ``prepare_*`` and its ``complete_*`
   is absent (keys already ready or being written are skipped and reported), evicting ready,
   unpinned chunks if needed. The offered keys are protected: never evicted to make room for
   their own request. When there is not enough to evict it returns a ``StoreRefusal``
-  (never raises for a full store) and nothing changes.
+  (never raises for a full store) and nothing changes. With admission
+  (``ChunkStore(..., admission=Admission(after=N))``, ``kvtier.store.admission``) an
+  absent key is reserved only at its N-th offer within the window; the others are
+  ``declined`` in the handle: not stored, as if there were no room.
 * ``complete_store(handle, ok)``: on success the chunks become ready (event STORED); on
   failure their slots are freed and they were never visible.
 * ``touch(keys)``: refreshes recency of ready keys (a hit that needs no load).
@@ -64,6 +67,7 @@ from mypy_extensions import mypyc_attr
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
+from kvtier.store.admission import Admission
 from kvtier.store.backend import SlotAllocator, SlotBackend
 from kvtier.store.host import HostSlab
 from kvtier.store.policies import Policy, make_policy
@@ -92,7 +96,8 @@ class ChunkStore:
 
     Give either ``num_slots`` (metadata-only) or ``backend`` (slots from a tier). ``policy``
     is a registered name (``"lru"``, ``"arc"``, ``"s3fifo"``) or a ``Policy`` built for
-    the same number of slots (``Belady(num_slots, future)``).
+    the same number of slots (``Belady(num_slots, future)``). ``admission``: when a new
+    chunk is stored (``kvtier.store.admission``; default: at its first offer).
     """
 
     def __init__(
@@ -101,10 +106,15 @@ class ChunkStore:
         *,
         backend: SlotBackend | None = None,
         policy: str | Policy = "lru",
+        admission: Admission | None = None,
     ) -> None:
         self.backend = backend
         self.num_slots = _resolve_num_slots(num_slots, backend)
         self.policy = _resolve_policy(policy, self.num_slots)
+        if admission is not None and not isinstance(admission, Admission):
+            raise ValueError(f"ChunkStore: admission must be an Admission, got {admission!r}")
+        self.admission = admission or Admission()
+        self._offers = self.admission.filter(self.num_slots)  # None: every offer admitted
         self.lock = threading.RLock()
         """The one lock: every public method holds it; callers may too (it is reentrant)."""
         self._alloc = SlotAllocator(self.num_slots)
@@ -123,11 +133,11 @@ class ChunkStore:
     @classmethod
     def host(
         cls, layout: Layout, capacity_bytes: int, *, policy: str = "lru",
-        pin_memory: bool | None = None,
+        pin_memory: bool | None = None, admission: Admission | None = None,
     ) -> ChunkStore:
         """A store over a new ``HostSlab`` of ``capacity_bytes // slot_bytes`` slots."""
         slab = HostSlab.for_layout(layout, capacity_bytes, pin_memory=pin_memory)
-        return cls(backend=slab, policy=policy)
+        return cls(backend=slab, policy=policy, admission=admission)
 
     # ---- queries -----------------------------------------------------------------------
 
@@ -213,13 +223,17 @@ class ChunkStore:
     # ---- stores ------------------------------------------------------------------------
 
     def prepare_store(
-        self, keys: Iterable[ChunkKey], parents: Sequence[ChunkKey | None] | None = None
+        self, keys: Iterable[ChunkKey], parents: Sequence[ChunkKey | None] | None = None,
+        *, promote: bool = False,
     ) -> StoreHandle | StoreRefusal:
-        """Reserve slots for the absent ``keys``, evicting if needed (module docstring).
+        """Reserve slots for the absent ``keys`` that admission admits, evicting if needed
+        (module docstring).
 
         ``parents`` (optional, one per key): the key of the chunk before each key in the
         same request and group, or None for a first chunk; a hint that prefix-aware
         policies use to evict leaves before their ancestors (``on_insert_with_parents``).
+        ``promote``: the keys come from a lower tier of this store's hierarchy, admitted
+        when first stored: admission does not filter (nor count) them.
         """
         ks = checked_keys(keys)
         hint = _parent_hint(ks, parents)
@@ -233,14 +247,21 @@ class ChunkStore:
             else:
                 new = [k for k in ks if k not in slots]
                 skipped = tuple([k for k in ks if k in slots])
+            offers = None if promote else self._offers
+            declined: list[ChunkKey]
+            offered, declined = new, []  # declined: offered keys admission holds back
+            if offers is not None:
+                new, declined = offers.split(new)
             if len(new) > self._alloc.num_free:
                 refusal = self._make_room(len(new), skipped)
                 if refusal is not None:
                     return refusal
+            if offers is not None:
+                offers.record(offered)
             hid = next(self._ids)
             handle = StoreHandle(
                 hid, tuple(new), self._reserve(new), skipped,
-                tuple([hint[k] for k in new]) if hint else (),
+                tuple([hint[k] for k in new]) if hint else (), tuple(declined),
             )
             self._stores[hid] = handle
             return handle

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
-from kvtier.store.lower import AsyncTwins, Demote, Inline, Item, TierStats
+from kvtier.store.lower import AsyncTwins, Demote, IndexEvents, Inline, Item, TierStats
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
 from kvtier.store.results import EventKind, StoreEvent, StoreHandle
@@ -60,7 +60,7 @@ class NoBytes:
                              "use a HostSlab where chunks carry bytes")
 
 
-class MetadataTier(AsyncTwins):
+class MetadataTier(AsyncTwins, IndexEvents):
     """Keys of up to ``capacity_chunks`` chunks, evicted by ``policy`` (see the module
     docstring); a hit reads an empty payload."""
 

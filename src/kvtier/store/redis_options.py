@@ -1,6 +1,6 @@
-"""What a Redis tier is given, checked before any connection: the server's URL, its
-printable form with every secret hidden, a password from a file or the environment, and
-the bounds of its numbers.
+"""What a Redis tier is given, checked before any connection: the server's URL (or a
+Redis Cluster's start-up nodes), its printable form with every secret hidden, a password
+from a file or the environment, and the bounds of its numbers.
 
 One check serves ``RedisConfig`` and ``RedisTier`` alike (``check_url``): redis-py would
 accept ``redis://host:notaport`` or ``redis://host/abc`` (silently database 0) and fail, or
@@ -26,6 +26,8 @@ from urllib.parse import parse_qsl, unquote_plus, urlsplit
 
 from kvtier.store.seal import read_secret_file
 
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+"""The server a Redis tier talks to when given neither a URL nor cluster nodes."""
 MAX_TTL_S = 10**15
 """The longest ``ttl_s``: Redis refuses (and kvtier would refuse every write) an expiry past
 2**63 milliseconds from 1970; 10**15 s, thirty million years, stays clear of that."""
@@ -109,6 +111,77 @@ def check_url(url: object, where: str, *, username: bool = False, password: bool
     if username and (parts.username or "username" in options):
         raise bad("the username is given twice (in the URL and apart): keep one")
     return url
+
+
+def check_cluster_nodes(
+    nodes: object, where: str, *, username: bool = False, password: bool = False
+) -> tuple[str, ...]:
+    """A Redis Cluster's start-up nodes as URLs: each ``host:port`` (plain TCP) or a
+    ``redis://`` / ``rediss://`` URL checked like ``check_url``, database 0 only (a cluster
+    has no other). The nodes share one connection setup, so every URL must carry the same
+    scheme, login and options; ``ValueError`` naming the node at fault otherwise.
+
+    >>> check_cluster_nodes(["10.0.0.1:7000", "redis://10.0.0.2:7000"], "nodes")
+    ('redis://10.0.0.1:7000', 'redis://10.0.0.2:7000')
+    >>> check_cluster_nodes(["10.0.0.1"], "nodes")
+    Traceback (most recent call last):
+    ...
+    ValueError: nodes[0]: give each node as host:port or redis://host:port, got '10.0.0.1'
+    """
+    if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)) or not nodes:
+        raise ValueError(f"{where}: must be a non-empty list of host:port strings, got "
+                         f"{redact(str(nodes))!r:.80}")
+    urls = tuple(_node_url(node, f"{where}[{i}]", username, password)
+                 for i, node in enumerate(nodes))
+    shared = {_setup(url) for url in urls}
+    if len(shared) > 1:
+        raise ValueError(f"{where}: every node must use the same scheme, login and URL "
+                         f"options (they share one connection setup); got "
+                         f"{[redact(u) for u in urls]}")
+    if len({urlsplit(u).netloc for u in urls}) < len(urls):
+        raise ValueError(f"{where}: a node is listed twice: {[redact(u) for u in urls]}")
+    return urls
+
+
+def check_cluster_namespace(namespace: str, where: str) -> None:
+    """``ValueError`` if ``namespace`` holds a hash tag (``{...}``): the cluster would hash
+    only the tag, putting every chunk in one slot of one node.
+
+    >>> check_cluster_namespace("llama{8b}", "ns")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ns: on a cluster the namespace must not hold '{' or '}' ..., got 'llama{8b}'
+    """
+    if "{" in namespace or "}" in namespace:
+        raise ValueError(f"{where}: on a cluster the namespace must not hold '{{' or '}}' (a "
+                         f"hash tag would put every chunk on one node), got {namespace!r}")
+
+
+def _node_url(node: object, where: str, username: bool, password: bool) -> str:
+    """One start-up node as a checked URL (``host:port`` becomes ``redis://host:port``)."""
+    if not isinstance(node, str):
+        raise ValueError(f"{where}: must be a host:port string, got a {type(node).__name__}")
+    url = node if "://" in node else f"redis://{node}"
+    parts = urlsplit(url) if url.startswith(("redis://", "rediss://")) else None
+    try:
+        port = parts.port if parts is not None else None
+    except ValueError:
+        port = None
+    if parts is None or port is None:
+        raise ValueError(f"{where}: give each node as host:port or redis://host:port, got "
+                         f"{redact(node)!r}")
+    check_url(url, where, username=username, password=password)
+    db = parts.path.strip("/") or dict(parse_qsl(parts.query)).get("db", "0")
+    if db != "0":
+        raise ValueError(f"{where}: a cluster has database 0 only, got {redact(node)!r}")
+    return url
+
+
+def _setup(url: str) -> tuple[str, str, str]:
+    """What the nodes of one cluster must share: scheme, login, options."""
+    parts = urlsplit(url)
+    login = parts.netloc.rpartition("@")[0]
+    return parts.scheme, login, parts.query
 
 
 def _check_address(

@@ -1,22 +1,27 @@
-"""The shared Redis tier: chunks as values under namespaced keys on a Redis server.
+"""The shared Redis tier: chunks as values under namespaced keys on a Redis server or a
+Redis Cluster (or Valkey).
 
-Every kvtier process pointed at one server (and one ``namespace``) shares its chunks: the
-value of ``<namespace>:<key hex>`` is the chunk's record (``kvtier.store.record``), verified
-on every read exactly like the disk tier's files. Reads and writes are batched into one
-pipelined round trip per call.
+Every kvtier process pointed at one server or cluster (and one ``namespace``) shares its
+chunks: the value of ``<namespace>:<key hex>`` is the chunk's record
+(``kvtier.store.record``), verified on every read exactly like the disk tier's files.
+Reads and writes are batched: one pipelined round trip per node per call. One server and a
+cluster take the same path (``kvtier.store.redis_conn``): a batch is split by node, the
+nodes are asked at once, ``MOVED`` and ``ASK`` are followed.
 
 Faults never propagate. Every socket operation is bounded by ``timeout_s``; redis-py's own
-retries are off, so a call fails fast. A failed call (server down, slow, restarted, a wrong
-password) is counted in ``stats.errors``, answers misses (or refuses the writes), says why in
-``last_error`` (and one log warning), and starts a backoff: for ``Backoff.delay(n)`` seconds
-after the n-th consecutive failure the tier does not touch the network at all
-(``might_hold`` is False, calls are counted in ``stats.skipped``); the next call after that
-reconnects. The clock is injected, so tests need no sleeping. A reply the server refuses
-for one key only (a value of another Redis type under a chunk's name, a write refused for
-memory) costs that key alone: the call answers the rest, and no backoff starts.
+retries are off, so a call fails fast. A node that fails (down, slow, paused, restarted, a
+wrong password) is counted in ``stats.errors``, answers misses for its keys (or refuses
+their writes), says why in ``last_error`` (and one log warning), and starts a backoff for
+that node alone: for ``Backoff.delay(n)`` seconds after its n-th consecutive failure the
+tier does not contact it (``might_hold`` is False for its keys, each call that would is
+counted in ``stats.skipped``); the next call after that reconnects. The other nodes of a
+cluster keep serving their keys. The clock is injected, so tests need no sleeping. A reply
+refused for one key only (a value of another Redis type under a chunk's name, a write
+refused for memory) costs that key alone: the call answers the rest, and no backoff starts.
 
-The URL is checked when the tier is built (``redis_options.check_url``), and printed only
-redacted (``url``): a password may be in it or given apart (``password``).
+The URL or the cluster's start-up nodes are checked when the tier is built
+(``redis_options``), and printed only redacted (``url``): a password may be in them or
+given apart (``password``).
 
 Memory limits and eviction are the server's: set ``maxmemory`` and a ``maxmemory-policy``
 such as ``allkeys-lru`` on the server (docs/tiers.md). kvtier never deletes other
@@ -24,152 +29,95 @@ processes' chunks except ones that fail verification.
 
 ``redis`` (the ``kvtier[redis]`` extra) is imported on first use, so the core installs
 without it. No thread or connection starts before the first call.
-
->>> Backoff(initial_s=0.1, max_s=1.0).delay(1), Backoff(initial_s=0.1, max_s=1.0).delay(5)
-(0.1, 1.0)
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeGuard
 
 from kvtier.keys import ChunkKey
 from kvtier.store.config import check_number
 from kvtier.store.lower import AsyncTwins, Demote, Item, TierStats, Workers
 from kvtier.store.record import RecordError, decode, encode_pair
-from kvtier.store.redis_options import MAX_TIMEOUT_S, MAX_TTL_S, check_url, redact
+from kvtier.store.redis_conn import (
+    Backoff,
+    ClusterLink,
+    Link,
+    Nodes,
+    Reply,
+    ServerLink,
+    Unreached,
+    redis_module,
+)
+from kvtier.store.redis_options import (
+    DEFAULT_URL,
+    MAX_TIMEOUT_S,
+    MAX_TTL_S,
+    check_cluster_namespace,
+    check_cluster_nodes,
+    check_url,
+    redact,
+)
 from kvtier.store.seal import Seal
 
-T = TypeVar("T")
-_log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """How long to leave the server alone after consecutive failures: ``initial_s``,
-    doubling (``factor``) up to ``max_s``."""
-
-    initial_s: float = 0.1
-    max_s: float = 10.0
-    factor: float = 2.0
-
-    def __post_init__(self) -> None:
-        check_number("backoff.initial_s", self.initial_s, low=0)
-        check_number("backoff.max_s", self.max_s, low=self.initial_s)
-        check_number("backoff.factor", self.factor, low=1)
-
-    def delay(self, failures: int) -> float:
-        """Seconds to wait after ``failures`` (>= 1) consecutive failures (``max_s`` once
-        the doubling would pass it, however long the server stays away)."""
-        try:
-            grown = self.initial_s * self.factor ** (failures - 1)
-        except OverflowError:  # a server down for hours: factor ** failures leaves float
-            return float(self.max_s)
-        return float(min(self.max_s, grown))
-
-
-def _redis_module() -> Any:
-    try:
-        import redis
-    except ImportError:
-        raise ImportError(
-            "the Redis tier needs redis-py: pip install 'kvtier[redis]'"
-        ) from None
-    return redis
+__all__ = ["Backoff", "RedisTier"]
 
 
 class RedisTier(AsyncTwins):
-    """Chunks on a Redis server at ``url`` under ``<namespace>:`` (module docstring);
-    ``username`` and ``password`` log in when the URL does not (``RedisConfig.password``
-    reads one from a file or the environment)."""
+    """Chunks under ``<namespace>:`` on the Redis server at ``url`` (default
+    ``redis://127.0.0.1:6379/0``) or on the Redis Cluster that ``cluster_nodes`` (some of
+    its nodes: ``host:port`` or URLs) lead to (module docstring); ``username`` and
+    ``password`` log in when the URLs do not (``RedisConfig.password`` reads one from a
+    file or the environment)."""
 
     name = "redis"
 
     def __init__(
-        self, url: str = "redis://127.0.0.1:6379/0", *, namespace: str = "kvtier",
-        geometry: bytes = b"", timeout_s: float = 0.5, backoff: Backoff | None = None,
-        ttl_s: int | None = None, workers: int = 2, clock: Callable[[], float] = time.monotonic,
-        username: str | None = None, password: str | None = None, seal: Seal | None = None,
+        self, url: str | None = None, *, cluster_nodes: Sequence[str] | None = None,
+        namespace: str = "kvtier", geometry: bytes = b"", timeout_s: float = 0.5,
+        backoff: Backoff | None = None, ttl_s: int | None = None, workers: int = 2,
+        clock: Callable[[], float] = time.monotonic, username: str | None = None,
+        password: str | None = None, seal: Seal | None = None,
     ) -> None:
-        check_url(url, "redis tier: url", username=username is not None,
-                  password=password is not None)
         _check(namespace, timeout_s, ttl_s)
-        self.url = redact(url)
-        """The server's URL as printed: any password in it shows as ``***``."""
+        login = {"username": username, "password": password}
+        opened, self.url = _address(url, cluster_nodes, login, timeout_s)
+        if cluster_nodes is not None:
+            check_cluster_namespace(namespace, "redis tier: namespace")
+        """The server's URL, or ``cluster <node>, <node>, ...``, as printed: any password
+        in it shows as ``***``."""
         self.namespace, self.geometry = namespace, geometry
         self.seal = seal
         """Authenticates (or encrypts) records (``kvtier.store.seal``); None: crc32 only."""
         self.timeout_s, self.ttl_s = timeout_s, ttl_s
-        self.last_error: str | None = None
-        """Why the last failed call or refused reply failed (one line, no secret)."""
-        self._login = {"url": url, "username": username, "password": password}
         self.backoff = backoff or Backoff()
         self.stats = TierStats(self.name)
-        self._clock = clock
         self._workers = Workers(self.name, workers)
-        self._client: Any = None
-        self._lock = threading.Lock()  # guards the client and the failure count
-        self._failures = 0
-        self._retry_at = float("-inf")
+        self._nodes = Nodes(opened, self.backoff, clock, self.stats, self.url)
 
     # ---- health ------------------------------------------------------------------------
 
     def might_hold(self, key: ChunkKey) -> bool:
-        """True unless the tier is backing off after errors (no I/O)."""
-        return self._up()
-
-    def _up(self) -> bool:
-        return self._clock() >= self._retry_at
+        """True unless the node holding ``key`` is backing off after errors (no I/O)."""
+        return self._nodes.up(self._name(key))
 
     @property
     def healthy(self) -> bool:
-        """Whether the last call reached the server."""
-        return self._failures == 0
+        """Whether the last call to every node reached it."""
+        return self._nodes.health.healthy
 
-    def _connection(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                redis = _redis_module()
-                self._client = redis.Redis.from_url(
-                    **self._login, socket_timeout=self.timeout_s,
-                    socket_connect_timeout=self.timeout_s,
-                    retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
-                )
-            return self._client
-
-    def _run(self, call: Callable[[Any], T]) -> T | None:
-        """``call(client)``, or None when backing off or when it failed (counted)."""
-        if not self._up():
-            self.stats.add(skipped=1)
-            return None
-        redis = _redis_module()
-        try:
-            result = call(self._connection())
-        except (redis.RedisError, OSError) as e:
-            with self._lock:
-                self._failures += 1
-                delay = self.backoff.delay(self._failures)
-                self._retry_at = self._clock() + delay
-                self.last_error = _describe(e)
-                first = self._failures == 1
-            self.stats.add(errors=1)
-            if first:
-                _log.warning("redis tier %s: %s; leaving it alone %.3g s", self.url,
-                             self.last_error, delay)
-            return None
-        with self._lock:
-            self._failures, self._retry_at = 0, float("-inf")
-        return result
+    @property
+    def last_error(self) -> str | None:
+        """Why the last failed call or refused reply failed (one line, no secret)."""
+        return self._nodes.last_error
 
     def _refused(self, errors: Sequence[Exception]) -> None:
         """Count a call some of whose replies the server refused (no backoff: it answers)."""
         if errors:
-            self.last_error = f"the server refused {len(errors)} of the call's keys: {errors[0]}"
+            self._nodes.last_error = (
+                f"the server refused {len(errors)} of the call's keys: {errors[0]}")
             self.stats.add(errors=1)
 
     def _name(self, key: ChunkKey) -> str:
@@ -184,14 +132,14 @@ class RedisTier(AsyncTwins):
             return {}
         start = time.perf_counter()
         names = [self._name(k) for k in keys]
-        values = self._run(lambda c: _get_many(c, names))
-        if values is None:
+        values = self._nodes.call(names, _each("GET", names))
+        if _none_reached(values):
             self.stats.add(misses=len(keys))
             return {}
         out, corrupt = self._verify(keys, values)
-        self._refused([v for v in values if isinstance(v, Exception) and not _wrong_type(v)])
+        self._refused([v for v in values if _refusal(v) and not _wrong_type(v)])
         if corrupt:
-            self._run(lambda c: c.delete(*[self._name(k) for k in corrupt]))
+            self.remove(corrupt)
         self.stats.add(
             hits=len(out), misses=len(keys) - len(out) - len(corrupt), corrupt=len(corrupt),
             bytes_read=sum(v.nbytes for v in out.values()), reads=1,
@@ -200,14 +148,14 @@ class RedisTier(AsyncTwins):
         return out
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        """Whether the server holds each key, in one round trip that reads no payload (not
-        verified: a corrupt copy exists until a ``get`` drops it). All False when backing
-        off or when the call failed."""
+        """Whether the server holds each key, in one round trip per node that reads no
+        payload (not verified: a corrupt copy exists until a ``get`` drops it). False for
+        the keys of a node that is backing off or failed."""
         if not keys:
             return []
         names = [self._name(k) for k in keys]
-        found = self._run(lambda c: _exists_many(c, names))
-        return [bool(n) for n in found] if found is not None else [False] * len(keys)
+        return [n is True or (isinstance(n, int) and n > 0)
+                for n in self._nodes.call(names, _each("EXISTS", names))]
 
     def _verify(
         self, keys: Sequence[ChunkKey], values: list[Reply]
@@ -220,7 +168,7 @@ class RedisTier(AsyncTwins):
             if isinstance(raw, Exception):
                 if _wrong_type(raw):
                     corrupt.append(k)
-            elif raw is not None:
+            elif isinstance(raw, bytes):
                 try:
                     out[k] = decode(raw, k, self.geometry, self.seal)
                 except RecordError:
@@ -230,17 +178,27 @@ class RedisTier(AsyncTwins):
     # ---- writes ------------------------------------------------------------------------
 
     def put(self, items: Sequence[Item]) -> list[ChunkKey]:
-        """Write ``items`` in one round trip; the keys written (none if the call failed)."""
+        """Write ``items`` in one round trip per node; the keys written (not those of a
+        node that failed or refused them). Each node's records are encoded on its own
+        thread, so a cluster's checksums are computed in parallel."""
         if not items:
             return []
         start = time.perf_counter()
-        records = [(self._name(k).encode(), *encode_pair(k, self.geometry, p, self.seal))
-                   for k, p in items]
-        replies = self._run(lambda c: _set_many(c, records, self.ttl_s))
-        if replies is None:
+        names = [self._name(k) for k, _ in items]
+        records: dict[int, Outgoing] = {}  # filled per node, each index by one thread
+
+        def send(client: Any, indexes: Sequence[int], asking: bool) -> list[Reply]:
+            for i in indexes:
+                if i not in records:
+                    k, p = items[i]
+                    records[i] = (names[i].encode(), *encode_pair(k, self.geometry, p, self.seal))
+            return _set_many(client, [records[i] for i in indexes], self.ttl_s, asking)
+
+        replies = self._nodes.call(names, send)
+        if _none_reached(replies):
             self.stats.add(refused=len(items))
             return []
-        self._refused([r for r in replies if r is not None])
+        self._refused([r for r in replies if _refusal(r)])
         written = [i for i, r in enumerate(replies) if r is None]
         self.stats.add(
             stored=len(written), refused=len(items) - len(written),
@@ -252,7 +210,8 @@ class RedisTier(AsyncTwins):
     def remove(self, keys: Sequence[ChunkKey]) -> None:
         """Delete ``keys`` on the server (best effort: a failed call is only counted)."""
         if keys:
-            self._run(lambda c: c.delete(*[self._name(k) for k in keys]))
+            names = [self._name(k) for k in keys]
+            self._nodes.call(names, _each("DEL", names))
 
     def set_demote(self, demote: Demote | None) -> None:
         """The last tier: the server evicts by its own policy, nothing goes further down."""
@@ -260,29 +219,56 @@ class RedisTier(AsyncTwins):
     # ---- asynchronous twins, checks, close ---------------------------------------------
 
     def check_invariants(self) -> None:
-        if self._failures < 0:
-            raise AssertionError("negative failure count")
+        self._nodes.health.check()
 
     def close(self) -> None:
         """Finish queued work, stop the workers and close the connections."""
         self._workers.close()
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        self._nodes.close()
 
 
-Reply = bytes | None | Exception
-"""One GET's reply: the value, None (no such key), or the server's error for that key."""
+def _address(
+    url: str | None, cluster_nodes: Sequence[str] | None, login: dict[str, str | None],
+    timeout_s: float,
+) -> tuple[Callable[[], Link], str]:
+    """How to open the tier's link (one server or a cluster), and its printable address;
+    ``ValueError`` for a bad URL or node, or for both given."""
+    where = {"username": login["username"] is not None, "password": login["password"] is not None}
+    options = {**login, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    if cluster_nodes is None:
+        url = check_url(DEFAULT_URL if url is None else url, "redis tier: url", **where)
+        return (lambda: ServerLink(url, options)), redact(url)
+    if url is not None:
+        raise ValueError("redis tier: give url (one server) or cluster_nodes, not both")
+    urls = check_cluster_nodes(cluster_nodes, "redis tier: cluster_nodes", **where)
+    return (lambda: ClusterLink(urls, options)), "cluster " + ", ".join(map(redact, urls))
 
 
-def _get_many(client: Any, names: Sequence[str]) -> list[Reply]:
-    """One round trip: GET each name; a reply the server refuses (a list under the name)
-    stays in its place as the exception, so that it costs its own key only."""
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.get(name)
-    return list(pipe.execute(raise_on_error=False))
+def _each(command: str, names: Sequence[str]) -> Callable[[Any, Sequence[int], bool], list[Reply]]:
+    """A ``Command`` sending ``command <name>`` for each of ``names`` it is given, in one
+    pipeline (``ASKING`` before each when redirected so); a reply the server refuses (a
+    list under the name) stays in its place as the exception, so it costs its key only."""
+
+    def send(client: Any, indexes: Sequence[int], asking: bool) -> list[Reply]:
+        pipe = client.pipeline(transaction=False)
+        for i in indexes:
+            if asking:
+                pipe.execute_command("ASKING")
+            pipe.execute_command(command, names[i])
+        replies = list(pipe.execute(raise_on_error=False))
+        return replies[1::2] if asking else replies
+
+    return send
+
+
+def _none_reached(replies: Sequence[Reply]) -> bool:
+    """Whether no node of a call answered (every reply is ``UNREACHED``)."""
+    return all(isinstance(r, Unreached) for r in replies)
+
+
+def _refusal(reply: Reply) -> TypeGuard[Exception]:
+    """Whether ``reply`` is the server's refusal of its key (not an unreached node)."""
+    return isinstance(reply, Exception) and not isinstance(reply, Unreached)
 
 
 def _wrong_type(error: Exception) -> bool:
@@ -290,23 +276,16 @@ def _wrong_type(error: Exception) -> bool:
     return str(error).startswith("WRONGTYPE")
 
 
-def _exists_many(client: Any, names: Sequence[str]) -> list[int]:
-    """One round trip: EXISTS each name (1 or 0)."""
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.exists(name)
-    return list(pipe.execute())
-
-
 Outgoing = tuple[bytes, bytes, memoryview]
 """A chunk on its way to the server: its name, its record header and its payload."""
 
 
 def _set_many(
-    client: Any, records: Sequence[Outgoing], ttl_s: int | None
-) -> list[Exception | None]:
+    client: Any, records: Sequence[Outgoing], ttl_s: int | None, asking: bool = False
+) -> list[Reply]:
     """One round trip: SET each name to its record (header, then payload), expiring after
-    ``ttl_s`` if given; per record, None if written or the server's refusal (out of memory).
+    ``ttl_s`` if given (``ASKING`` before each when redirected so); per record, None if
+    written or the server's refusal (out of memory, ``MOVED``).
 
     redis-py takes a value as one argument, so the record would first have to be joined
     into one buffer: a copy of every payload, the main cost of a write after crc32. Instead
@@ -318,8 +297,9 @@ def _set_many(
     pool = client.connection_pool
     conn = _checkout(pool)
     try:
-        conn.send_packed_command([b for r in records for b in _set_command(*r, ttl_s)])
-        return [_reply(conn) for _ in records]
+        ask = [_ASKING] if asking else []
+        conn.send_packed_command([b for r in records for b in (*ask, *_set_command(*r, ttl_s))])
+        return [_reply(conn, skip=len(ask)) for _ in records]
     except BaseException:
         conn.disconnect()
         raise
@@ -327,11 +307,16 @@ def _set_many(
         pool.release(conn)
 
 
-def _reply(conn: Any) -> Exception | None:
-    """The next reply on ``conn``: None if it is not an error, the error otherwise."""
-    redis = _redis_module()
+_ASKING = b"*1\r\n$6\r\nASKING\r\n"
+
+
+def _reply(conn: Any, skip: int = 0) -> Exception | None:
+    """The next reply on ``conn`` after ``skip`` others (those of ``ASKING``): None if it
+    is not an error, the error otherwise."""
+    redis = redis_module()
     try:
-        conn.read_response()
+        for _ in range(skip + 1):
+            conn.read_response()
     except redis.ResponseError as e:
         return e
     return None
@@ -359,17 +344,6 @@ def _checkout(pool: Any) -> Any:
         return pool.get_connection()
     except TypeError:  # redis-py before 5.3 wants a command name
         return pool.get_connection("SET")
-
-
-def _describe(error: BaseException) -> str:
-    """One line saying why a call failed: a refused login says so, apart from a server that
-    does not answer."""
-    redis = _redis_module()
-    if isinstance(error, redis.AuthenticationError):
-        return f"authentication failed (wrong or missing username or password): {error}"
-    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
-        return f"the server does not answer ({error})"
-    return f"the server refused the call ({error})"
 
 
 def _check(namespace: str, timeout_s: float, ttl_s: int | None) -> None:

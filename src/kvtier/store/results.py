@@ -81,6 +81,9 @@ class StoreHandle(NamedTuple):
     skipped: tuple[ChunkKey, ...]
     parents: tuple[ChunkKey | None, ...] = ()
     """The hinted parent of each of ``keys`` (``prepare_store(parents=...)``), or ``()``."""
+    declined: tuple[ChunkKey, ...] = ()
+    """Offered absent keys that admission did not admit (``kvtier.store.admission``): not
+    stored, and not reserved; a later lookup finds them absent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,8 @@ class StoreEvent:
     kind: EventKind
     key: ChunkKey
     slot: int
+    tier: str = "host"
+    """The tier the chunk was stored in or dropped from (``host``, ``disk``, ...)."""
 
 
 Subscriber = Callable[[StoreEvent], None]

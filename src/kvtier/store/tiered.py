@@ -60,7 +60,7 @@ from kvtier.store.backend import SlotBackend
 from kvtier.store.config import DiskConfig, RedisConfig, TierConfig, WritePolicy
 from kvtier.store.disk import DiskTier
 from kvtier.store.host import HostSlab
-from kvtier.store.lower import Item, LowerTier, TierStats
+from kvtier.store.lower import EventCounts, EventSource, Item, LowerTier, TierStats
 from kvtier.store.manager import ChunkStore, checked_keys
 from kvtier.store.record import geometry_of
 from kvtier.store.remote import Backoff, RedisTier
@@ -94,7 +94,8 @@ def _build_redis(
     cfg: RedisConfig, slot_bytes: int, geometry: bytes, clock: Callable[[], float]
 ) -> LowerTier:
     backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)
-    return RedisTier(cfg.url, namespace=cfg.namespace, geometry=geometry,
+    return RedisTier(cfg.url, cluster_nodes=cfg.cluster_nodes, namespace=cfg.namespace,
+                     geometry=geometry,
                      timeout_s=cfg.timeout_s, backoff=backoff, ttl_s=cfg.ttl_s,
                      workers=cfg.workers, clock=clock, username=cfg.username,
                      password=cfg.password(), seal=cfg.seal())
@@ -147,6 +148,13 @@ class TieredStore:
         self.lock = host.lock
         """The host store's lock: hold it to make lookup and prepare_load atomic."""
         self.host_stats = TierStats("host")
+        """Host counters: chunks pinned for loads (``hits``), refused, failed stores; and,
+        while a latency watcher is attached (``kvtier.metrics``), each load's and store's
+        time from ``prepare_*`` to ``complete_*`` (the data plane's copy) as a read or a
+        write. ``stats()`` adds the chunks stored (promotions too) and evicted."""
+        self._started: dict[int, float] = {}  # live handle id -> perf_counter at prepare
+        self._host_events = EventCounts()
+        host.subscribe(self._host_events)
         self._miss_ttl_s, self._clock = miss_ttl_s, clock
         self._fetching: set[ChunkKey] = set()  # being promoted: reported WRITING
         self._absent_until: dict[ChunkKey, float] = {}  # found nowhere: ABSENT until then
@@ -163,9 +171,11 @@ class TieredStore:
     def from_config(
         cls, config: TierConfig, layout: Layout, *, clock: Callable[[], float] = time.monotonic
     ) -> TieredStore:
-        """The hierarchy ``config`` describes, for chunks of ``layout``."""
+        """The hierarchy ``config`` describes, for chunks of ``layout``; its admission
+        (``admit_after``) filters the engine's stores into host memory, never promotions."""
         host = ChunkStore.host(layout, config.host.capacity_bytes, policy=config.host.policy,
-                               pin_memory=config.host.pin_memory)
+                               pin_memory=config.host.pin_memory,
+                               admission=config.admission())
         slot_bytes, geometry = host.backend.slot_bytes, geometry_of(layout)  # type: ignore[union-attr]
         lower = [
             build(section, slot_bytes, geometry, clock)
@@ -256,7 +266,7 @@ class TieredStore:
             asked = fetch.asked
             held = [k for k, s in zip(asked, self.host.lookup(asked), strict=True)
                     if s is not ChunkState.ABSENT]
-            handle = self.host.prepare_store(held + list(found))
+            handle = self.host.prepare_store(held + list(found), promote=True)
         if not isinstance(handle, StoreHandle):
             return []
         for k, slot in zip(handle.keys, handle.slots, strict=True):
@@ -299,11 +309,15 @@ class TieredStore:
     def prepare_load(self, keys: Iterable[ChunkKey]) -> LoadHandle:
         """Pin host-resident ``keys`` (see ``ChunkStore.prepare_load``)."""
         handle = self.host.prepare_load(keys)
+        if self.host_stats.watched:
+            self._started[handle.id] = time.perf_counter()
         self.host_stats.add(hits=len(handle.keys))
         return handle
 
     def complete_load(self, handle: LoadHandle) -> None:
         self.host.complete_load(handle)
+        if (start := self._started.pop(handle.id, None)) is not None:
+            self.host_stats.add(reads=1, read_seconds=time.perf_counter() - start)
 
     def touch(self, keys: Iterable[ChunkKey]) -> int:
         return self.host.touch(keys)
@@ -313,10 +327,17 @@ class TieredStore:
     ) -> StoreHandle | StoreRefusal:
         """Reserve host slots (evictions are written down under write-back); ``parents`` is
         the host policy's prefix hint (``ChunkStore.prepare_store``)."""
+        ks = keys if isinstance(keys, list) else list(keys)
         try:
-            return self.host.prepare_store(keys, parents)
+            result = self.host.prepare_store(ks, parents)
         finally:
             self._send_down()
+        if not isinstance(result, StoreHandle):
+            refused = sum(s is ChunkState.ABSENT for s in self.host.lookup(set(ks)))
+            self.host_stats.add(refused=refused)
+        elif self.host_stats.watched:
+            self._started[result.id] = time.perf_counter()
+        return result
 
     def complete_store(self, handle: StoreHandle, ok: bool) -> None:
         """Publish on the host (and write through to every tier, under write-through); a
@@ -328,6 +349,11 @@ class TieredStore:
                     self._clear(slot)
         finally:
             self._send_down()
+        start = self._started.pop(handle.id, None)
+        if not ok:
+            self.host_stats.add(errors=1)
+        elif start is not None:
+            self.host_stats.add(writes=1, write_seconds=time.perf_counter() - start)
 
     def remove(self, keys: Iterable[ChunkKey]) -> list[ChunkKey]:
         """Drop ready, unpinned ``keys`` from host memory and from every lower tier."""
@@ -341,6 +367,20 @@ class TieredStore:
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Host-tier events; a promotion shows as STORED."""
         return self.host.subscribe(callback)
+
+    def subscribe_tiers(self, callback: Subscriber) -> Callable[[], None]:
+        """Events of the host and of every lower tier that publishes them
+        (``lower.EventSource``: disk, metadata tiers), each with its tier's name in
+        ``StoreEvent.tier``; a tier's events arrive on the thread that changed it. Redis
+        publishes none: its evictions and expiries happen in the server, unseen."""
+        sources: list[Any] = [self.host, *(t for t in self.lower if isinstance(t, EventSource))]
+        stops = [source.subscribe(callback) for source in sources]
+
+        def unsubscribe() -> None:
+            for stop in stops:
+                stop()
+
+        return unsubscribe
 
     # ---- writing down ------------------------------------------------------------------
 
@@ -411,7 +451,10 @@ class TieredStore:
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per tier, fastest first: hits, promotions, bytes, errors, latency."""
-        out = {"host": self.host_stats.snapshot()}
+        host = self.host_stats.snapshot()
+        for name, count in self._host_events.fields().items():
+            host[name] += count
+        out = {"host": host}
         out.update((t.name, t.stats.snapshot()) for t in self.lower)
         return out
 

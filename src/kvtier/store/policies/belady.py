@@ -14,10 +14,11 @@ stored, a hit that was neither loaded nor touched) must be reported with ``skip(
 else that key's next use is read one occurrence early. Keys not in ``future`` are never
 used again and go first.
 
-Storage: a next use is a position in ``future``, and each position holds one key, so the
-heap of candidates is a heap of plain ints (``-position``: a min-heap gives the furthest
-first) and a popped position names its key, ``future[position]``; an entry is stale when
-that key's next use has moved on. Keys never used again wait in their own FIFO.
+Storage: ``FutureIndex``, each key's positions in ``future`` in an ``array`` of 8-byte
+ints (not the sequence itself: a replay builds it by streaming its trace once, ``add``);
+each use counted per key. The heap of candidates holds ``(-next use, key)`` of resident
+keys (a min-heap gives the furthest first); an entry is stale when that key's next use has
+moved on. Keys never used again wait in their own FIFO.
 
 >>> b = Belady(2, future=["a", "b", "c", "a"])
 >>> b.on_insert(["a", "b"])
@@ -28,8 +29,9 @@ that key's next use has moved on. Keys never used again wait in their own FIFO.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import deque
-from collections.abc import Collection, Hashable, Iterator, Sequence
+from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
 
 from mypy_extensions import mypyc_attr
 
@@ -39,36 +41,75 @@ NEVER = 2**62
 """Next-use position of a key that is not used again."""
 
 
+class FutureIndex:
+    """Where each key occurs in an access sequence, added in order: ``positions[key]`` is
+    an ``array('q')`` of its positions (8 bytes an access, plus one entry a key).
+
+    >>> f = FutureIndex.of(["a", "b", "a"]); list(f.positions["a"]), len(f), f.num_keys()
+    ([0, 2], 3, 2)
+    """
+
+    __slots__ = ("_length", "positions")
+
+    def __init__(self) -> None:
+        self.positions: dict[Hashable, array[int]] = {}
+        self._length = 0
+
+    @classmethod
+    def of(cls, future: Iterable[Hashable]) -> FutureIndex:
+        index = cls()
+        index.add(future)
+        return index
+
+    def add(self, keys: Iterable[Hashable]) -> None:
+        """The next accesses, in order."""
+        positions, n = self.positions, self._length
+        for key in keys:
+            found = positions.get(key)
+            if found is None:
+                found = positions[key] = array("q")
+            found.append(n)
+            n += 1
+        self._length = n
+
+    def __len__(self) -> int:
+        return self._length
+
+    def num_keys(self) -> int:
+        return len(self.positions)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Belady(Policy):
-    """The offline optimum over ``capacity`` slots, given the future accesses."""
+    """The offline optimum over ``capacity`` slots, given the future accesses (a sequence
+    of keys, or their ``FutureIndex``)."""
 
     name = "belady"
 
-    def __init__(self, capacity: int, future: Sequence[Hashable] = ()) -> None:
+    def __init__(
+        self, capacity: int, future: Sequence[Hashable] | FutureIndex = ()
+    ) -> None:
         super().__init__(capacity)
-        self._future = list(future)
-        # key -> [uses so far, then the positions of its occurrences]: one lookup a use
-        self._occurrences: dict[Hashable, list[int]] = {}
-        for position, key in enumerate(self._future):
-            self._occurrences.setdefault(key, [0]).append(position)
+        index = future if isinstance(future, FutureIndex) else FutureIndex.of(future)
+        self._occurrences = index.positions  # shared, read only: uses are counted here
+        self._uses: dict[Hashable, int] = {}  # key -> uses counted so far
         self._next_use: dict[Hashable, int] = {}
-        self._heap: list[int] = []  # -next_use of resident keys used again; stale entries too
+        self._heap: list[tuple[int, Hashable]] = []  # (-next_use, key) of resident keys
         self._never: deque[Hashable] = deque()  # keys not used again, oldest first; stale too
 
     def _use(self, keys: Keys) -> None:
-        occ, next_use, heap, never = self._occurrences, self._next_use, self._heap, self._never
-        push = heapq.heappush
+        occ, uses, next_use, heap = self._occurrences, self._uses, self._next_use, self._heap
+        never, push = self._never, heapq.heappush
         for key in keys:
-            occurrences = occ.get(key)
-            if occurrences is None:  # not in the future at all
+            positions = occ.get(key)
+            if positions is None:  # not in the future at all
                 next_use[key] = NEVER
                 never.append(key)
                 continue
-            i = occurrences[0] = occurrences[0] + 1  # this is its i-th use; next, the (i+1)-th
-            if i + 1 < len(occurrences):
-                nxt = next_use[key] = occurrences[i + 1]
-                push(heap, -nxt)
+            i = uses[key] = uses.get(key, 0) + 1  # its i-th use; next, the (i+1)-th
+            if i < len(positions):
+                nxt = next_use[key] = positions[i]
+                push(heap, (-nxt, key))
             else:
                 next_use[key] = NEVER
                 never.append(key)
@@ -77,7 +118,7 @@ class Belady(Policy):
 
     def _rebuild(self) -> None:
         """Drop stale entries: one heap entry per key used again, one FIFO entry per other."""
-        self._heap = [-n for n in self._next_use.values() if n != NEVER]
+        self._heap = [(-n, k) for k, n in self._next_use.items() if n != NEVER]
         heapq.heapify(self._heap)
         next_use = self._next_use
         self._never = deque(k for k in dict.fromkeys(self._never) if next_use.get(k) == NEVER)
@@ -90,16 +131,14 @@ class Belady(Policy):
 
     def skip(self, key: Hashable) -> None:
         """Count an access to ``key`` that the store did not report (see the module doc)."""
-        occurrences = self._occurrences.get(key)
-        if occurrences is not None:
-            occurrences[0] += 1
+        if key in self._occurrences:
+            self._uses[key] = self._uses.get(key, 0) + 1
 
     def uncount(self, key: Hashable) -> None:
         """Take back one counted use of ``key`` (its next use then rereads the same
         occurrence): for a caller that reported a use it should not have counted."""
-        occurrences = self._occurrences.get(key)
-        if occurrences is not None and occurrences[0]:
-            occurrences[0] -= 1
+        if self._uses.get(key):
+            self._uses[key] -= 1
 
     def next_use(self, key: Hashable) -> int | None:
         """Position in ``future`` of a resident key's next use (``NEVER`` if none)."""
@@ -138,13 +177,13 @@ class Belady(Policy):
 
     def _select_furthest(self, n: int, protected: Collection[Hashable]) -> list[Hashable]:
         """The ``n`` unprotected keys whose next use is furthest (all are used again)."""
-        next_use, heap, future, pop = self._next_use, self._heap, self._future, heapq.heappop
+        next_use, heap, pop = self._next_use, self._heap, heapq.heappop
         chosen: list[Hashable] = []
-        passed: list[int] = []
+        passed: list[tuple[int, Hashable]] = []
         while len(chosen) < n:
             entry = pop(heap)
-            key = future[-entry]
-            if next_use.get(key) != -entry:
+            neg, key = entry
+            if next_use.get(key) != -neg:
                 continue  # stale: evicted, removed, or used again since
             if protected and key in protected:
                 passed.append(entry)

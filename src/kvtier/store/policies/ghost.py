@@ -6,8 +6,11 @@ answers exactly but costs a dict entry and a deque pointer per ghost, about 100 
 with ``capacity`` ghosts that alone breaks the store's 256-byte budget per resident chunk.
 This filter answers the same question in about 16 bytes per remembered key.
 
-How: one ``bytearray`` of cells, a power of two in number and at least ``cells_per_key``
-(default ``CELLS_PER_KEY``) per key of ``capacity``: so between that and twice it. An add
+How: one table of byte cells, a power of two in number and at least ``cells_per_key``
+(default ``CELLS_PER_KEY``) per key of ``capacity``: so between that and twice it, but
+allocated as cells are written (``kvtier.store.policies.cells``: a dict of the written
+cells, then the ``bytearray`` once that is smaller), so that a filter for 10**9 keys costs
+nothing until keys are added, and its memory grows with the keys it remembers. An add
 is stamped with a code, ``generation * 2 + mark``, into the ``HASHES`` cells its hash picks,
 each cell keeping the largest code written to it. Adds belong to the current generation;
 once it holds ``capacity`` adds, the next generation begins, and a key is remembered while
@@ -49,6 +52,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 
+from kvtier.store.policies.cells import Cells, map_cells, max_cell, new_cells, settle
+
 CELLS_PER_KEY = 32
 """The default least number of cells per key of ``capacity`` (rounded up to a power of two)."""
 HASHES = 3
@@ -56,13 +61,17 @@ HASHES = 3
 _MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing: spreads small-int hashes over many bits
 _LAST_GENERATION = 127
 """Codes are ``generation * 2 + mark`` in a byte; generation 0 means never stamped."""
+_SAME = bytes(range(256))
+_RENUMBER = bytes(2 + (c & 1) if c >> 1 == _LAST_GENERATION else 0 for c in range(256))
+"""The last generation's codes become generation 1's; every other code 0 (forgotten)."""
 
 
 class GhostFilter:
     """Approximate set of the last ``capacity`` .. ``2 * capacity`` keys added, each with a
     1-bit mark (see the module docstring)."""
 
-    __slots__ = ("_adds", "_capacity", "_cells", "_counts", "_floor", "_gen", "_mask", "_shift")
+    __slots__ = ("_adds", "_capacity", "_cells", "_counts", "_floor", "_gen", "_mask", "_shift",
+                 "_size")
 
     def __init__(self, capacity: int, *, cells_per_key: int = CELLS_PER_KEY) -> None:
         if capacity < 1:
@@ -70,8 +79,8 @@ class GhostFilter:
         if cells_per_key < 4:
             raise ValueError(f"GhostFilter: cells_per_key must be >= 4, got {cells_per_key!r}")
         self._capacity = capacity  # adds per generation
-        size = 1 << max(10, (cells_per_key * capacity - 1).bit_length())
-        self._cells = bytearray(size)
+        size = self._size = 1 << max(10, (cells_per_key * capacity - 1).bit_length())
+        self._cells: Cells = new_cells(size)
         self._mask = size - 1
         self._shift = size.bit_length()  # each probe reads its own bits of the hash
         self._gen = 1  # the current generation
@@ -114,6 +123,7 @@ class GhostFilter:
             counts[mark] += 1
             adds += 1
         self._adds = adds
+        self._cells = settle(self._cells, self._size)
 
     def pop(self, key: Hashable) -> int | None:
         """None if ``key`` is not remembered, else its mark; discounts it from ``counts``."""
@@ -159,17 +169,19 @@ class GhostFilter:
 
     def _rotate(self) -> None:
         """The current generation becomes the previous; the old previous is forgotten."""
-        if self._gen == _LAST_GENERATION:  # renumber: the current generation becomes 1
-            table = bytes(2 + (c & 1) if c >> 1 == self._gen else 0 for c in range(256))
-            self._cells[:] = self._cells.translate(table)  # in place: callers hold it
+        renumber = self._gen == _LAST_GENERATION  # the current generation becomes 1
+        if renumber:
             self._gen = 1
         self._gen += 1
-        self._floor = 2 * (self._gen - 1)
+        floor = self._floor = 2 * (self._gen - 1)
         self._counts = [[0, 0], self._counts[0]]
         self._adds = 0
+        if renumber or not isinstance(self._cells, bytearray):
+            # in place (callers hold the table); a sparse one also drops forgotten cells
+            map_cells(self._cells, _RENUMBER if renumber else _SAME, lambda c: c >= floor)
 
     def check_invariants(self) -> None:
         if len(self) > 2 * self._capacity or self._adds > self._capacity:
             raise AssertionError(f"GhostFilter: {len(self)} keys over 2 x {self._capacity}")
-        if max(self._cells) > 2 * self._gen + 1:
+        if max_cell(self._cells) > 2 * self._gen + 1:
             raise AssertionError("GhostFilter: a cell is stamped by a future generation")

@@ -26,7 +26,8 @@ recency was short: ``beta`` drops; a miss on a frequent ghost says frequency was
 undervalued: ``beta`` rises; each step scaled by the other ghost kind's share, as in ARC.
 It starts at 0, where ``pfreq`` is LRU with tail-first eviction.
 
-Storage, sized for the store's 256-byte budget per resident chunk: each resident key
+Storage, sized for the store's 256-byte budget per resident chunk, and grown with the keys
+stored, not allocated for the capacity: each resident key
 holds a slot of a ``SlotTable`` (no dict); scores live in an ``array`` by slot; the heap
 is a list of packed ints ``score << shift | slot`` (stale when the slot's score has
 changed since; rebuilt once stale entries reach half the keys).
@@ -51,6 +52,7 @@ from operator import is_not, lshift, or_
 from mypy_extensions import mypyc_attr
 
 from kvtier.store.policies.base import Keys, Policy
+from kvtier.store.policies.cells import Cells, map_cells, new_cells, settle
 from kvtier.store.policies.ghost import GhostFilter
 from kvtier.store.policies.slots import SlotTable
 
@@ -70,11 +72,12 @@ class FrequencySketch:
     ([1, 2, 1], 2)
     """
 
-    __slots__ = ("_added", "_counts", "_mask", "_window")
+    __slots__ = ("_added", "_counts", "_mask", "_size", "_window")
 
     def __init__(self, capacity: int) -> None:
         width = 1 << max(10, (4 * capacity - 1).bit_length())
-        self._counts = bytearray(2 * width)
+        self._size = 2 * width
+        self._counts: Cells = new_cells(self._size)  # allocated as written (``cells``)
         self._mask = width - 1
         self._window = SKETCH_WINDOW * capacity
         self._added = 0
@@ -115,8 +118,9 @@ class FrequencySketch:
             added += 1
             if added >= window:
                 added = 0
-                counts = self._counts = counts.translate(_HALVE)
+                map_cells(counts, _HALVE)
         self._added = added
+        self._counts = settle(counts, self._size)
         return out
 
 
@@ -131,7 +135,7 @@ class PrefixFrequency(Policy):
         self.beta = 0.0
         """The current weight of frequency against recency (0 .. ``MAX_BETA``)."""
         self._table = SlotTable(capacity)  # resident key <-> slot
-        self._score = array("q", bytes(8 * capacity))  # score by slot
+        self._score = array("q")  # score by slot, grown with the slots used (_grow_scores)
         self._shift = capacity.bit_length()
         self._heap: list[int] = []  # score << shift | slot; stale unless it is that slot's
         self._sketch = FrequencySketch(capacity)
@@ -150,7 +154,15 @@ class PrefixFrequency(Policy):
         if len(self._ghosts):
             for _, kind in self._ghosts.pop_all(keys):
                 self._adapt(kind)
-        self._use(keys, self._table.add_all(keys), parents)
+        slots = self._table.add_all(keys)
+        self._grow_scores()
+        self._use(keys, slots, parents)
+
+    def _grow_scores(self) -> None:
+        """A score for every slot the table has handed out (``SlotTable.keys``)."""
+        missing = len(self._table.keys) - len(self._score)
+        if missing > 0:
+            self._score.frombytes(bytes(8 * missing))
 
     def on_access(self, keys: Keys) -> None:
         self._use(keys, self._table.find_all(keys), ())

@@ -7,10 +7,11 @@ its own 32-byte int object). Here each resident key owns a slot number in
 ``0 .. capacity - 1``: ``keys[slot]`` is the key (8 bytes, a list pointer), and the policy
 keeps its numbers in ``array``s indexed by slot (8 bytes each). Finding a key's slot is an
 open-addressing hash index: ``array('i')`` of ``slot + 1`` (0: empty), at least twice the
-capacity (load <= 1/2), linear probing from ``hash(key)``, deletion by backward shift (no
+keys held (load <= 1/2; it doubles as keys arrive, so nothing is allocated for the
+capacity up front), linear probing from ``hash(key)``, deletion by backward shift (no
 tombstones, so probe runs never grow with churn).
 
-Worked example: capacity 2, index of 4 cells. ``add("a")`` takes slot 0, ``add("b")``
+Worked example: capacity 2, index of 8 cells. ``add("a")`` takes slot 0, ``add("b")``
 slot 1; removing "a" frees slot 0, which the next ``add`` reuses.
 
 >>> t = SlotTable(2)
@@ -25,20 +26,22 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable, Iterable, Iterator
 
+_MIN_INDEX = 8
+"""The index's first size, in cells (a power of two)."""
+
 
 class SlotTable:
     """A set of at most ``capacity`` keys, each with a slot number (module docstring)."""
 
-    __slots__ = ("_free", "_index", "_len", "_mask", "_unused", "keys")
+    __slots__ = ("_free", "_index", "_len", "_mask", "keys")
 
     def __init__(self, capacity: int) -> None:
-        self.keys: list[Hashable | None] = [None] * capacity
-        """``keys[slot]``: the key holding ``slot``, None if free. Read-only for callers."""
-        size = 1 << max(3, (2 * capacity - 1).bit_length())
-        self._index = array("i", bytes(4 * size))
-        self._mask = size - 1
+        self.keys: list[Hashable | None] = []
+        """``keys[slot]``: the key holding ``slot``, None if free; as long as the most slots
+        ever used at once (it grows, never past ``capacity``). Read-only for callers."""
+        self._index = array("i", bytes(4 * _MIN_INDEX))  # grown by _reserve, load <= 1/2
+        self._mask = _MIN_INDEX - 1
         self._free: list[int] = []  # freed slots, reused first
-        self._unused = 0  # slots >= this were never used
         self._len = 0
 
     def __len__(self) -> int:
@@ -77,15 +80,17 @@ class SlotTable:
 
     def add_all(self, keys: Iterable[Hashable]) -> list[int]:
         """``add`` each absent key, in order; their slots (the probe inlined)."""
+        batch = keys if isinstance(keys, (list, tuple)) else list(keys)
+        self._reserve(len(batch))
         index, table, mask, free = self._index, self.keys, self._mask, self._free
         out = []
-        for key in keys:
+        for key in batch:
             if free:
                 slot = free.pop()
+                table[slot] = key
             else:
-                slot = self._unused
-                self._unused += 1
-            table[slot] = key
+                slot = len(table)
+                table.append(key)
             i = hash(key) & mask
             while index[i]:
                 i = (i + 1) & mask
@@ -96,19 +101,24 @@ class SlotTable:
 
     def add(self, key: Hashable) -> int:
         """Give an absent ``key`` a free slot (one must exist) and return it."""
-        if self._free:
-            slot = self._free.pop()
-        else:
-            slot = self._unused
-            self._unused += 1
-        self.keys[slot] = key
-        index, mask = self._index, self._mask
-        i = hash(key) & mask
-        while index[i]:
-            i = (i + 1) & mask
-        index[i] = slot + 1
-        self._len += 1
-        return slot
+        return self.add_all((key,))[0]
+
+    def _reserve(self, n: int) -> None:
+        """Grow the index (doubling, rehashing every key) so that ``n`` more keep its load
+        at most 1/2: its size follows the keys held, not the capacity."""
+        size = len(self._index)
+        if 2 * (self._len + n) <= size:
+            return
+        while 2 * (self._len + n) > size:
+            size *= 2
+        index, mask = array("i", bytes(4 * size)), size - 1
+        for slot, key in enumerate(self.keys):
+            if key is not None:
+                i = hash(key) & mask
+                while index[i]:
+                    i = (i + 1) & mask
+                index[i] = slot + 1
+        self._index, self._mask = index, mask
 
     def remove_slot(self, slot: int) -> None:
         """Free ``slot`` and forget its key (backward-shift deletion from the index)."""

@@ -1,0 +1,391 @@
+"""How the Redis tier reaches its chunks: one server or a Redis Cluster, one code path.
+
+A *link* says which node holds each name of a call (``route``) and hands out a redis-py
+client per node (``client``). ``ServerLink`` has one node that holds everything;
+``ClusterLink`` asks redis-py's ``RedisCluster`` for the cluster's slot map (a name's hash
+slot, CRC16 mod 16384, decides its node) and follows it as it changes. Valkey speaks the
+same protocol, so both serve Valkey too.
+
+``Nodes.call`` is the one path above the links, for every command of the tier:
+
+1. split the call's names by node; a node backing off is not contacted (its names are
+   ``UNREACHED``, counted once in ``stats.skipped``);
+2. send one pipeline per node, all nodes at once on a cluster (one thread per node), so
+   a call lasts as long as its slowest node, and a stalled node at most one socket
+   timeout (``timeout_s``; redis-py's own retries are off);
+3. follow ``MOVED`` (the slot moved for good: the slot map is updated) and ``ASK`` (the
+   slot is migrating: ``ASKING`` first) replies once, to the node they name;
+4. a node that fails (refused, timed out, wrong password) leaves its names ``UNREACHED``,
+   is counted in ``stats.errors`` and backs off alone (``Backoff``): the other nodes'
+   names are served, and on a cluster the slot map is refreshed in the background, in
+   case a replica took over. A reply refused for one name only stays in place, for the
+   tier to count against that name.
+
+>>> Backoff(initial_s=0.1, max_s=1.0).delay(1), Backoff(initial_s=0.1, max_s=1.0).delay(5)
+(0.1, 1.0)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from kvtier.store.config import check_number
+from kvtier.store.lower import TierStats, Workers
+
+_log = logging.getLogger("kvtier.store.remote")  # the tier's: its users filter by it
+
+Reply = bytes | int | None | Exception
+"""One command's reply for one name: a value, None (no such key), or an error."""
+
+
+class Unreached(Exception):
+    """In place of the reply for a name whose node was not reached (down, backing off, no
+    connection): a miss or an unwritten chunk, not a fault of that name."""
+
+
+UNREACHED = Unreached("the node holding this key was not reached")
+
+Command = Callable[[Any, Sequence[int], bool], list[Reply]]
+"""Sends one node's share of a call: ``command(client, indexes, asking)`` returns one
+reply per index (``asking``: send ``ASKING`` before each, for an ``ASK`` redirection)."""
+
+CONNECT = "(connect)"
+"""The health entry of the link itself: building it (a cluster's first topology) failed."""
+
+
+def redis_module() -> Any:
+    """redis-py, or an ImportError saying how to install it."""
+    try:
+        import redis
+    except ImportError:
+        raise ImportError(
+            "the Redis tier needs redis-py: pip install 'kvtier[redis]'"
+        ) from None
+    return redis
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long to leave a node alone after consecutive failures: ``initial_s``,
+    doubling (``factor``) up to ``max_s``."""
+
+    initial_s: float = 0.1
+    max_s: float = 10.0
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        check_number("backoff.initial_s", self.initial_s, low=0)
+        check_number("backoff.max_s", self.max_s, low=self.initial_s)
+        check_number("backoff.factor", self.factor, low=1)
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` (>= 1) consecutive failures (``max_s`` once
+        the doubling would pass it, however long the node stays away)."""
+        try:
+            grown = self.initial_s * self.factor ** (failures - 1)
+        except OverflowError:  # a node down for hours: factor ** failures leaves float
+            return float(self.max_s)
+        return float(min(self.max_s, grown))
+
+
+class Health:
+    """Per node: consecutive failures and when it may be tried again (thread-safe)."""
+
+    def __init__(self, backoff: Backoff, clock: Callable[[], float]) -> None:
+        self.backoff, self._clock = backoff, clock
+        self._failures: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def up(self, node: str) -> bool:
+        """Whether ``node`` may be contacted now (no I/O)."""
+        return self._clock() >= self._retry_at.get(node, float("-inf"))
+
+    def ok(self, node: str) -> None:
+        with self._lock:
+            self._failures.pop(node, None)
+            self._retry_at.pop(node, None)
+
+    def fail(self, node: str) -> tuple[int, float]:
+        """Count a failure of ``node``: its consecutive failures and its backoff (s)."""
+        with self._lock:
+            failures = self._failures[node] = self._failures.get(node, 0) + 1
+            delay = self.backoff.delay(failures)
+            self._retry_at[node] = self._clock() + delay
+        return failures, delay
+
+    @property
+    def healthy(self) -> bool:
+        """Whether no node's last call failed."""
+        return not self._failures
+
+    def check(self) -> None:
+        if any(n < 1 for n in self._failures.values()):
+            raise AssertionError(f"failure counts must be >= 1: {self._failures}")
+
+
+class Link(Protocol):
+    """One server or a cluster, as ``Nodes`` sees it (module docstring)."""
+
+    def route(self, names: Sequence[str]) -> dict[str, list[int]]:
+        """Node -> indexes of the ``names`` it holds (no I/O); a name in a slot no node
+        serves is left out."""
+        ...
+
+    def client(self, node: str) -> Any:
+        """The redis-py client of ``node``."""
+        ...
+
+    def redirected(self, error: Exception) -> str | None:
+        """The node a ``MOVED`` / ``ASK`` reply sends a name to (None: not followed)."""
+        ...
+
+    def failed(self, node: str) -> None:
+        """``node`` did not answer: the cluster may have changed."""
+        ...
+
+    def run(self, jobs: Sequence[Callable[[], None]]) -> None:
+        """Run ``jobs`` (one per node) and return when all have finished."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _no_retry(redis: Any) -> Any:
+    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+
+
+class ServerLink:
+    """One server: one node, named ``"server"``, holds every name."""
+
+    node = "server"
+
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        redis = redis_module()
+        self._client = redis.Redis.from_url(url, **options, retry=_no_retry(redis))
+
+    def route(self, names: Sequence[str]) -> dict[str, list[int]]:
+        return {self.node: list(range(len(names)))}
+
+    def client(self, node: str) -> Any:
+        return self._client
+
+    def redirected(self, error: Exception) -> str | None:
+        return None  # a server outside a cluster does not redirect
+
+    def failed(self, node: str) -> None:
+        """Nothing to learn: the next call reconnects."""
+
+    def run(self, jobs: Sequence[Callable[[], None]]) -> None:
+        for job in jobs:
+            job()
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class ClusterLink:
+    """A Redis Cluster found from its start-up node URLs (``check_cluster_nodes``, so
+    they share one connection setup); building it reads the slot map from the first node
+    that answers, so it can fail (``Nodes`` then backs off as for a failed node)."""
+
+    def __init__(self, urls: Sequence[str], options: dict[str, Any]) -> None:
+        redis = redis_module()
+        others = [urlsplit(u) for u in urls[1:]]
+        self._cluster = redis.cluster.RedisCluster(
+            url=urls[0], startup_nodes=[redis.cluster.ClusterNode(p.hostname, p.port)
+                                        for p in others],
+            require_full_coverage=False, retry=_no_retry(redis), **options,
+        )
+        self._jobs = Workers("redis-nodes", 16)
+        self._refreshing: Future[None] | None = None
+
+    def route(self, names: Sequence[str]) -> dict[str, list[int]]:
+        nodes = self._cluster.nodes_manager
+        groups: dict[str, list[int]] = {}
+        for i, name in enumerate(names):
+            try:
+                node = nodes.get_node_from_slot(self._cluster.keyslot(name))
+            except redis_module().exceptions.SlotNotCoveredError:
+                continue
+            groups.setdefault(node.name, []).append(i)
+        return groups
+
+    def client(self, node: str) -> Any:
+        found = self._cluster.get_node(node_name=node)
+        if found is None:  # a node learnt from a redirection only
+            host, _, port = node.rpartition(":")
+            found = redis_module().cluster.ClusterNode(host, int(port))
+        return self._cluster.get_redis_connection(found)
+
+    def redirected(self, error: Exception) -> str | None:
+        redis = redis_module()
+        if isinstance(error, redis.exceptions.MovedError):
+            self._moved(error)
+        elif not isinstance(error, redis.exceptions.AskError):
+            return None
+        return f"{error.host}:{error.port}"
+
+    def _moved(self, error: Exception) -> None:
+        """Point the slot of a ``MOVED`` reply at its new node (redis-py >= 6 does it in
+        place; older ones re-read the whole slot map)."""
+        nodes = self._cluster.nodes_manager
+        if hasattr(nodes, "move_slot"):
+            nodes.move_slot(error)
+        else:
+            self.failed("")
+
+    def failed(self, node: str) -> None:
+        """Re-read the slot map in the background (one refresh at a time)."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = self._jobs.submit(self._refresh)
+
+    def _refresh(self) -> None:
+        redis = redis_module()
+        try:
+            self._cluster.nodes_manager.initialize()
+        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
+            _log.debug("redis cluster: slot map not refreshed: %s", e)  # kept as it was
+
+    def run(self, jobs: Sequence[Callable[[], None]]) -> None:
+        if len(jobs) == 1:
+            jobs[0]()
+            return
+        for future in [self._jobs.submit(job) for job in jobs]:
+            future.result()
+
+    def close(self) -> None:
+        self._jobs.close()
+        self._cluster.close()
+
+
+class Nodes:
+    """The tier's nodes: its link (built on first use by ``open_link``), each node's
+    health, and ``call`` (module docstring); ``where`` names the tier in log lines."""
+
+    def __init__(
+        self, open_link: Callable[[], Link], backoff: Backoff, clock: Callable[[], float],
+        stats: TierStats, where: str,
+    ) -> None:
+        self._open, self.stats, self.where = open_link, stats, where
+        self.health = Health(backoff, clock)
+        self.last_error: str | None = None
+        """Why the last failed call or refused reply failed (one line, no secret)."""
+        self._link: Link | None = None
+        self._lock = threading.Lock()  # guards building and closing the link
+
+    def up(self, name: str) -> bool:
+        """Whether the node holding ``name`` may be contacted now (no I/O)."""
+        link = self._link
+        if link is None:
+            return self.health.up(CONNECT)
+        return any(self.health.up(node) for node in link.route([name]))
+
+    def call(self, names: Sequence[str], command: Command) -> list[Reply]:
+        """``command``'s reply for each of ``names``, ``UNREACHED`` where its node was not
+        reached (module docstring)."""
+        replies: list[Reply] = [UNREACHED] * len(names)
+        link = self._connect()
+        if link is not None:
+            groups = {(node, False): idx for node, idx in link.route(names).items()}
+            self._send(link, groups, command, replies)
+            redirects = self._redirects(link, replies)
+            if redirects:
+                self._send(link, redirects, command, replies)
+        return replies
+
+    def _connect(self) -> Link | None:
+        with self._lock:
+            if self._link is None:
+                if not self.health.up(CONNECT):
+                    self.stats.add(skipped=1)
+                    return None
+                try:
+                    self._link = self._open()
+                except _faults() as e:
+                    self._failed(CONNECT, e)
+                    return None
+                self.health.ok(CONNECT)
+            return self._link
+
+    def _send(
+        self, link: Link, groups: dict[tuple[str, bool], list[int]], command: Command,
+        replies: list[Reply],
+    ) -> None:
+        """One pipeline per node that is up, all at once; replies land in place."""
+        jobs: list[Callable[[], None]] = []
+        for (node, asking), indexes in groups.items():
+            if self.health.up(node):
+                jobs.append(partial(self._one, link, node, asking, indexes, command, replies))
+            else:
+                self.stats.add(skipped=1)
+        link.run(jobs)
+
+    def _one(
+        self, link: Link, node: str, asking: bool, indexes: list[int], command: Command,
+        replies: list[Reply],
+    ) -> None:
+        try:
+            got = command(link.client(node), indexes, asking)
+        except _faults() as e:
+            self._failed(node, e)
+            link.failed(node)
+            return
+        self.health.ok(node)
+        for i, reply in zip(indexes, got, strict=True):
+            replies[i] = reply
+
+    def _redirects(self, link: Link, replies: list[Reply]) -> dict[tuple[str, bool], list[int]]:
+        """(node, asking) -> indexes, for the replies that are ``MOVED`` or ``ASK``."""
+        moved = redis_module().exceptions.MovedError  # a subclass of AskError
+        groups: dict[tuple[str, bool], list[int]] = {}
+        for i, reply in enumerate(replies):
+            if isinstance(reply, Exception) and not isinstance(reply, Unreached):
+                node = link.redirected(reply)
+                if node is not None:
+                    groups.setdefault((node, not isinstance(reply, moved)), []).append(i)
+        return groups
+
+    def _failed(self, node: str, error: BaseException) -> None:
+        failures, delay = self.health.fail(node)
+        at = {ServerLink.node: "", CONNECT: " (finding the cluster from its start-up nodes)"
+              }.get(node, f" (node {node})")
+        self.last_error = describe(error) + at
+        self.stats.add(errors=1)
+        if failures == 1:
+            _log.warning("redis tier %s: %s; leaving it alone %.3g s", self.where,
+                         self.last_error, delay)
+
+    def close(self) -> None:
+        with self._lock:
+            link, self._link = self._link, None
+        if link is not None:
+            link.close()
+
+
+def _faults() -> tuple[type[BaseException], ...]:
+    """What a failed call raises: redis-py's errors, a cluster that cannot be found, and
+    socket errors."""
+    redis = redis_module()
+    return redis.RedisError, redis.exceptions.RedisClusterException, OSError
+
+
+def describe(error: BaseException) -> str:
+    """One line saying why a call failed: a refused login says so, apart from a server that
+    does not answer."""
+    redis = redis_module()
+    if isinstance(error, redis.exceptions.RedisClusterException) and error.__cause__:
+        error = error.__cause__  # the last start-up node's own failure says why
+    if isinstance(error, redis.AuthenticationError) or (
+            isinstance(error, redis.ResponseError) and "authenticat" in str(error)):
+        return f"authentication failed (wrong or missing username or password): {error}"
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return f"the server does not answer ({error})"
+    return f"the server refused the call ({error})"
