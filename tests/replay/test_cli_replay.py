@@ -67,6 +67,10 @@ def test_sweep_writes_csv_json_png(capsys: pytest.CaptureFixture[str], tmp_path:
     (["--synthetic", "users=-1"], "synthetic: users must be an integer >= 1"),
     (["--host", "1KiB"], "holds no chunk"),
     (["--limit", "0"], "must be >= 1"),
+    (["--admit", "0"], "--admit: "),
+    (["--admit", "65"], "--admit: "),
+    (["--admit", "two"], "--admit: "),
+    (["--admit-window", "0"], "--admit-window: "),
 ])
 def test_bad_arguments_exit_2_with_one_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str

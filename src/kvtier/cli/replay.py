@@ -1,7 +1,8 @@
 """``kvtier replay``: replay a request trace for capacity planning (docs/replay.md).
 
 With no arguments it replays the bundled Mooncake conversation trace for the default
-model, with 64 GiB of host memory and LRU. Everything printed comes from
+model, with 64 GiB of host memory, LRU, dense boundaries and admission at a chunk's
+second offer (``DEFAULT_ADMIT``). Everything printed comes from
 ``kvtier.replay``; this module parses arguments, sizes tiers and formats results.
 """
 
@@ -24,6 +25,7 @@ from kvtier.cli.common import (
     print_json,
     table,
 )
+from kvtier.cli.fleet import add_fleet_arguments, check_fleet, fleet_requested, run_fleet
 from kvtier.cli.main import Command
 from kvtier.layout import Layout
 from kvtier.replay.bytes_run import BytesOptions, check_options, replay_bytes
@@ -32,22 +34,28 @@ from kvtier.replay.driver import ReplayConfig, Workload, replay
 from kvtier.replay.policies import compared_policies, known_policy
 from kvtier.replay.progress import progress_bar
 from kvtier.replay.refs import STORE_SCOPES
-from kvtier.replay.stats import ReplayStats
+from kvtier.replay.stats import ReplayStats, normalized
 from kvtier.replay.sweep import default_capacities, run_sweep, write_outputs
-from kvtier.replay.synth import SynthConfig, generate
+from kvtier.replay.synth import SynthConfig, synthetic_source
 from kvtier.replay.timing import TimingModel
 from kvtier.replay.trace import (
     BLOCK_TOKENS,
     MAX_REQUEST_TOKENS,
     TraceError,
-    TraceRequest,
-    read_trace,
+    TraceSource,
+    trace_source,
     write_trace,
 )
+from kvtier.replay.workload import count_requests
+from kvtier.store.admission import MAX_ADMIT_AFTER, MAX_WINDOW, WINDOW_PER_SLOT, Admission
 from kvtier.store.host import check_fits_memory
 from kvtier.store.redis_options import redact
 
 DEFAULT_HOST = "64GiB"
+DEFAULT_ADMIT = 2
+"""``--admit``: with ``lru`` and ``dense`` boundaries, the best online combination measured
+on the bundled trace, its halves and the synthetic generator's traffic (docs/replay.md,
+"Defaults")."""
 MAX_SWEEP_POINTS = 64
 """The most host sizes one ``--sweep`` runs (each runs every policy over the whole trace)."""
 
@@ -78,12 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(dense, the default), its prompt's end (end), or that and where it "
                              "was seen to share a prefix (shared); fewer store fewer "
                              "sliding-window chunks")
+    _add_admission_arguments(parser)
     parser.add_argument("--block-tokens", type=int_in(1, MAX_REQUEST_TOKENS),
                         default=BLOCK_TOKENS, metavar="N",
                         help=f"tokens per trace block (default {BLOCK_TOKENS})")
     parser.add_argument("--timing", default="", metavar="SPEC",
                         help="time model, key=value,... over prefill_tokens_per_s, host_gb_per_s,"
-                             " disk_gb_per_s, load_latency_ms, first_token_ms, "
+                             " disk_gb_per_s, load_latency_ms, shared_gb_per_s, shared_latency_ms, "
+                             "first_token_ms, "
                              "decode_tokens_per_s, prefill_slots")
     parser.add_argument("--concurrent", action="store_true",
                         help="replay at the trace's timestamps, prefill and decoding overlapping")
@@ -96,6 +106,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory for --sweep outputs (default ./replay-sweep)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (no progress bar, no table)")
+    add_fleet_arguments(parser)
+
+
+def _add_admission_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--admit", type=int_in(1, MAX_ADMIT_AFTER), default=DEFAULT_ADMIT,
+                        metavar="N",
+                        help="admission: store a chunk only at its N-th offer within the window "
+                             f"(default {DEFAULT_ADMIT}, the best measured, docs/replay.md "
+                             "'Defaults'; 1: every offer, no admission)")
+    parser.add_argument("--admit-window", type=int_in(1, MAX_WINDOW), metavar="OFFERS",
+                        help=f"offers admission remembers (default {WINDOW_PER_SLOT} per host "
+                             "slot)")
 
 
 def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,26 +159,29 @@ def _slots(layout: Layout, nbytes: int | None, chunks: int | None, flag: str) ->
     return slots
 
 
-def _requests(args: argparse.Namespace) -> tuple[list[TraceRequest], str]:
+def _requests(args: argparse.Namespace) -> tuple[TraceSource, str, int]:
+    """The trace to stream, its name, and its requests, counted by a first pass that
+    checks every line (so that a bad one stops the run before it starts)."""
     try:
         if args.synthetic is not None:
             if args.trace:
                 raise UsageError("give a TRACE or --synthetic, not both")
-            reqs = generate(SynthConfig.parse(args.synthetic), args.block_tokens)
+            source = synthetic_source(SynthConfig.parse(args.synthetic), args.block_tokens,
+                                      args.limit)
             name = "synthetic"
-            reqs = reqs[: args.limit] if args.limit else reqs
         else:
-            reqs = read_trace(args.trace, block_tokens=args.block_tokens, limit=args.limit)
+            source = trace_source(args.trace, block_tokens=args.block_tokens, limit=args.limit)
             name = Path(args.trace).name if args.trace else "mooncake conversation (bundled)"
+        count = count_requests(source)
     except (TraceError, ValueError) as e:
         raise UsageError(str(e)) from None
     if args.save_trace:
         try:
-            write_trace(reqs, args.save_trace)
+            write_trace(source(), args.save_trace)
         except OSError as e:
             raise UsageError(f"--save-trace {args.save_trace}: cannot write a trace file there "
                              f"({e.strerror or e}); give a file in an existing directory") from None
-    return reqs, name
+    return source, name, count
 
 
 def _policies(text: str) -> list[str]:
@@ -179,6 +204,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     policies = _policies(args.policy or ("all" if args.sweep else "lru"))
+    if fleet_requested(args):
+        check_fleet(args, policies)  # before the trace is read
     host_bytes = args.host if args.host is not None or args.host_chunks else parse_bytes(
         DEFAULT_HOST)
     host = _slots(layout, host_bytes, args.host_chunks, "--host")
@@ -186,14 +213,18 @@ def run(args: argparse.Namespace) -> int:
     bytes_options = _bytes_options(args, policies, disk)
     if bytes_options is not None:
         _check_slab(host, bytes_options.slot_bytes)
-    reqs, name = _requests(args)
-    config = ReplayConfig(layout, args.block_tokens, args.store, timing, args.boundaries)
+    source, name, count = _requests(args)
+    config = ReplayConfig(layout, args.block_tokens, args.store, timing, args.boundaries,
+                          Admission(args.admit, args.admit_window))
     show = not args.json
-    with progress_bar(len(reqs), "hashing", enabled=show) as advance:
-        workload = Workload(reqs, config, advance)
-    meta = {"trace": name, "requests": len(reqs), "model": layout.model,
+    with progress_bar(count, "hashing", enabled=show) as advance:
+        workload = Workload(source, config, advance)
+        if args.sweep or {"belady", "infinite"} & set(policies):
+            workload.summary()  # the first pass: Belady's future, the distinct chunks
+    meta = {"trace": name, "requests": count, "model": layout.model,
             "bytes_per_slot": layout.max_bytes_per_chunk, "store": args.store,
-            "boundaries": args.boundaries,
+            "boundaries": args.boundaries, "admit_after": args.admit,
+            "admit_window": args.admit_window,
             "mode": "concurrent" if args.concurrent else "sequential",
             "timing": vars(timing)}
     runner: Any = replay_concurrent if args.concurrent else replay
@@ -202,11 +233,15 @@ def run(args: argparse.Namespace) -> int:
         meta["bytes"] = {"slot_bytes": bytes_options.slot_bytes,
                          "disk_dir": bytes_options.disk_dir,
                          "redis": bytes_options.redis_url and redact(bytes_options.redis_url)}
+    if fleet_requested(args):
+        shared = _slots(layout, args.shared, args.shared_chunks, "--shared")
+        return run_fleet(args, workload, policies, {"host": host, "disk": disk,
+                                                    "shared": shared}, meta)
     if args.sweep:
         return _sweep(args, workload, policies, disk, meta, runner)
     results = []
     for policy in policies:
-        with progress_bar(len(reqs), policy, enabled=show) as advance:
+        with progress_bar(count, policy, enabled=show) as advance:
             results.append(runner(workload, policy, host, disk, advance))
     _report(args, meta, results)
     return 0
@@ -272,9 +307,11 @@ def _sweep(args: argparse.Namespace, workload: Workload, policies: list[str], di
 def _report(args: argparse.Namespace, meta: dict[str, Any], results: list[ReplayStats]) -> None:
     first = results[0].as_dict()
     if args.json:
+        norm = normalized(results)
         out = {**meta, "requests": first["requests"], "block_hit_rate": first["block_hit_rate"],
                "token_hit_rate": first["token_hit_rate"], "policy": first["policy"],
-               "policies": {r.policy: r.as_dict() for r in results}}
+               "policies": {r.policy: {**r.as_dict(), **_normalized_fields(norm, r.policy)}
+                            for r in results}}
         print_json(out)
         return
     print(_head(meta, results[0]))
@@ -287,29 +324,51 @@ def _report(args: argparse.Namespace, meta: dict[str, Any], results: list[Replay
         print(_tier_table(results))
 
 
+def _normalized_fields(norm: dict[str, dict[str, float | None]], policy: str
+                       ) -> dict[str, float | None]:
+    """``normalized_block_hit_rate`` and ``normalized_token_hit_rate`` of ``policy``, when
+    LRU and Belady both ran."""
+    return {f"normalized_{rate}": v for rate, v in norm.get(policy, {}).items()}
+
+
 def _head(meta: dict[str, Any], stats: ReplayStats) -> str:
     tiers = ", ".join(f"{t} {n} chunks ({human_bytes(n * meta['bytes_per_slot'])})"
                       if meta["bytes_per_slot"] else f"{t} {n} chunks"
                       for t, n in stats.slots.items())
     return (f"{meta['trace']}: {meta['requests']} requests, {meta['model']}, {tiers}, "
-            f"{meta['mode']} replay, store {meta['store']}, boundaries {meta['boundaries']}")
+            f"{meta['mode']} replay, store {meta['store']}, boundaries {meta['boundaries']}, "
+            f"admit after {meta['admit_after']} offer(s)")
 
 
 def _policy_table(results: list[ReplayStats]) -> str:
-    headers = ["policy", "block hit", "token hit", "prefill saved", "loaded host",
-               "loaded disk", "stored", "TTFT cold", "TTFT", "saved", "time"]
+    headers = ["policy", "block hit", "token hit", "normalized", "prefill saved", "loaded host",
+               "loaded disk", "stored", "written per hit token", "TTFT cold", "TTFT", "saved",
+               "time"]
     rows = []
+    norm = normalized(results)
     for s in results:
         d = s.as_dict()
         stored = sum(g.stored * (g.bytes_per_chunk or 0) for g in s.groups)
         rows.append([
             s.policy, f"{d['block_hit_rate']:.4f}", f"{d['token_hit_rate']:.4f}",
+            _ratio(norm.get(s.policy, {}).get("token_hit_rate")),
             f"{s.hit_tokens:,} tok", _tier(s, "host"), _tier(s, "disk"),
-            f"{sum(g.stored for g in s.groups):,} ({human_bytes(stored)})",
+            f"{sum(g.stored for g in s.groups):,} ({human_bytes(stored)})", _written(s),
             f"{d['mean_ttft_cold_s']:.3f}s", f"{d['mean_ttft_s']:.3f}s",
             f"{d['mean_ttft_saved_s']:.3f}s", f"{s.wall_s:.1f}s",
         ])
     return table(headers, rows)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _written(s: ReplayStats) -> str:
+    """Write amplification: bytes written to each tier per prompt token restored."""
+    per = s.written_per_hit_token()
+    return ", ".join(f"{t} {'-' if v is None else human_bytes(round(v))}"
+                     for t, v in per.items()) or "-"
 
 
 def _tier(s: ReplayStats, tier: str) -> str:

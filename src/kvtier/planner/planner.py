@@ -341,6 +341,8 @@ class Planner:
             if handle.retryable:
                 req.pending = [(c.group, c.chunk) for c in live]
             return None
+        if handle.declined:  # not admitted (kvtier.store.admission): not stored, not retried
+            self._count(req, "chunks_not_admitted", len(handle.declined))
         if not handle.keys:
             self.store.complete_store(handle, True)
             return None

@@ -132,6 +132,8 @@ class Metrics:
     """Chunks store planning chose (before the store skips those it already holds)."""
     chunks_offered_by_group: dict[int, int] = field(default_factory=dict)
     chunks_stored: int = 0
+    chunks_not_admitted: int = 0
+    """Offered chunks the store's admission declined (``kvtier.store.admission``)."""
     bytes_stored: int = 0
     waits: int = 0
     deadline_expiries: int = 0

@@ -59,16 +59,14 @@ def replay_bytes(
     with _disk_dir(options, policy, disk_slots) as path:
         store = bytes_tiers(layout, built, host_slots, disk_slots, slot_bytes=options.slot_bytes,
                             disk_path=path, redis_url=options.redis_url, fsync=options.fsync,
-                            clock=clock)
+                            clock=clock, admission=workload.config.admission)
         try:
             plane = PayloadPlane(store, clock, options.slot_bytes)
             driver = Driver(workload.config, store, policy, clock=clock, plane=plane)
             assert driver.planner.wait_timeout_s < GIVE_UP_S < MISS_TTL_S
-            for i, (req, refs) in enumerate(zip(workload.requests, workload.refs, strict=True)):
+            for i, (req, refs) in enumerate(workload.items(progress)):
                 clock.now += REQUEST_S
                 driver.run(f"r{i}", req, refs)
-                if progress is not None:
-                    progress(1)
             store.flush(timeout_s=60.0)
             store.check_invariants()
         finally:

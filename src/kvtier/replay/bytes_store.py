@@ -44,6 +44,7 @@ from kvtier.planner import TransferJob
 from kvtier.replay.driver import VirtualClock
 from kvtier.replay.store import ReplayStore
 from kvtier.store import ChunkStore, Policy
+from kvtier.store.admission import Admission
 from kvtier.store.disk import DiskTier
 from kvtier.store.host import HostSlab
 from kvtier.store.lower import LowerTier
@@ -107,11 +108,14 @@ class PayloadPlane:
 def bytes_tiers(
     layout: Layout, policy: Policy, host_slots: int, disk_slots: int, *, slot_bytes: int,
     disk_path: Path | None, redis_url: str | None, fsync: bool, clock: VirtualClock,
+    admission: Admission | None = None,
 ) -> ReplayStore:
     """Host slots of ``slot_bytes`` over a disk of ``disk_slots`` chunks (at ``disk_path``)
-    and Redis at ``redis_url``, each where asked for."""
+    and Redis at ``redis_url``, each where asked for; ``admission`` filters the host's new
+    chunks."""
     geometry = geometry_of(layout)
-    host = ChunkStore(backend=HostSlab(host_slots, slot_bytes, pin_memory=False), policy=policy)
+    host = ChunkStore(backend=HostSlab(host_slots, slot_bytes, pin_memory=False), policy=policy,
+                      admission=admission)
     lower: list[LowerTier] = []
     if disk_slots:
         assert disk_path is not None

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from kvtier import coverage
 from kvtier.boundaries import BoundaryMode
-from kvtier.keys import ChunkKey
+from kvtier.keys import TAG_SIZE, ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
 from kvtier.replay.metadata import metadata_store
@@ -37,7 +37,6 @@ from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
 from kvtier.replay.refs import (
     RequestRefs,
     StoreScope,
-    all_refs,
     replay_namespace,
     token_stream,
 )
@@ -45,7 +44,11 @@ from kvtier.replay.stats import GroupCounts, ReplayStats
 from kvtier.replay.store import DISK, HOST, ReplayStore
 from kvtier.replay.timing import TimingModel
 from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest
+from kvtier.replay.workload import Workload
 from kvtier.store import Policy
+from kvtier.store.admission import Admission
+from kvtier.store.lower import LowerTier
+from kvtier.store.results import EventKind, StoreEvent
 
 
 @dataclass(frozen=True)
@@ -60,25 +63,8 @@ class ReplayConfig:
     timing: TimingModel = field(default_factory=TimingModel)
     boundaries: BoundaryMode = "dense"
     """Which boundaries a producer serves (``kvtier.boundaries``)."""
-
-
-class Workload:
-    """A trace with every request's references computed once, shared by every replay."""
-
-    def __init__(
-        self, requests: Sequence[TraceRequest], config: ReplayConfig,
-        progress: Callable[[int], None] | None = None,
-    ) -> None:
-        self.requests, self.config = list(requests), config
-        self.refs: list[RequestRefs] = list(
-            all_refs(config.layout, self.requests, config.block_tokens, config.scope, progress))
-
-    def future(self) -> list[object]:
-        """Every reference in replay order: Belady's future."""
-        return [k for r in self.refs for k in r.keys]
-
-    def num_distinct_chunks(self) -> int:
-        return len({k for r in self.refs for k in r.keys})
+    admission: Admission = field(default_factory=Admission)
+    """When the host store admits a new chunk (``kvtier.store.admission``; ``--admit``)."""
 
 
 class VirtualClock:
@@ -101,11 +87,12 @@ def replay_policy(workload: Workload, policy: str, host_slots: int, disk_slots: 
     return build_policy(policy, host_slots, future), host_slots, disk_slots
 
 
-def make_store(workload: Workload, policy: str, host_slots: int, disk_slots: int = 0
-               ) -> ReplayStore:
-    """The metadata tiers for one replay (``replay_policy``)."""
+def make_store(workload: Workload, policy: str, host_slots: int, disk_slots: int = 0,
+               below: Sequence[LowerTier] = ()) -> ReplayStore:
+    """The metadata tiers for one replay (``replay_policy``), above the tiers ``below``."""
     built, host_slots, disk_slots = replay_policy(workload, policy, host_slots, disk_slots)
-    return metadata_store(host_slots, policy=built, disk_slots=disk_slots)
+    return metadata_store(host_slots, policy=built, disk_slots=disk_slots, below=below,
+                          admission=workload.config.admission)
 
 
 def replay(
@@ -116,10 +103,8 @@ def replay(
     started = time.perf_counter()
     store = make_store(workload, policy, host_slots, disk_slots)
     driver = Driver(workload.config, store, policy)
-    for i, (req, refs) in enumerate(zip(workload.requests, workload.refs, strict=True)):
+    for i, (req, refs) in enumerate(workload.items(progress)):
         driver.run(f"r{i}", req, refs)
-        if progress is not None:
-            progress(1)
     driver.stats.wall_s = time.perf_counter() - started
     return driver.stats
 
@@ -153,6 +138,8 @@ class Driver:
         slots = store.tier_slots()
         self.stats = ReplayStats(policy, slots, [GroupCounts.of(g) for g in config.layout.groups])
         self.belady = store.policy if isinstance(store.policy, ReplayBelady) else None
+        self._chunk_bytes = chunk_bytes_by_tag(config.layout)
+        store.subscribe_tiers(self._on_tier_event)
         self._streams: dict[str, npt.NDArray[np.uint32]] = {}  # between begin and store_all
         self._required: dict[int, tuple[range, ...]] = {}  # boundary -> required, per group
 
@@ -161,8 +148,8 @@ class Driver:
         self.begin(rid, req, refs)
         loaded, by_tier, hit = self.load(rid, self.lookup(rid))
         timing = self.config.timing
-        self.stats.ttft_cold_s += timing.ttft_s(req.input_length, 0, {})
-        self.stats.ttft_s += timing.ttft_s(req.input_length, hit, by_tier)
+        self.stats.add_ttft(timing.ttft_s(req.input_length, 0, {}),
+                            timing.ttft_s(req.input_length, hit, by_tier))
         self.store_all(rid, req, refs, loaded)
         self.end(rid, refs)
 
@@ -230,6 +217,11 @@ class Driver:
         if self.belady is not None:
             self.belady.end(refs.keys)
 
+    def _on_tier_event(self, event: StoreEvent) -> None:
+        """Count every chunk a tier writes, with its group's bytes (write amplification)."""
+        if event.kind is EventKind.STORED:
+            self.stats.add_written(event.tier, self._chunk_bytes.get(event.key[:TAG_SIZE], 0))
+
     def _count_refs(self, req: TraceRequest, refs: RequestRefs, reach: int) -> None:
         s = self.stats
         s.requests += 1
@@ -276,9 +268,11 @@ class Driver:
         self._store(rid, refs.store_tokens)
 
     def _store(self, rid: str, horizon: int) -> None:
-        refusals = self.planner.metrics.store_refusals
+        m = self.planner.metrics
+        refusals, declined = m.store_refusals, m.chunks_not_admitted
         job = self.planner.on_computed(rid, horizon, _table(self.layout, horizon))
-        self.stats.store_refusals += self.planner.metrics.store_refusals - refusals
+        self.stats.store_refusals += m.store_refusals - refusals
+        self.stats.chunks_not_admitted += m.chunks_not_admitted - declined
         if job is None:
             return
         if self.plane is not None:
@@ -286,6 +280,14 @@ class Driver:
         self.planner.complete_store(job.id, True)
         for c in job.copies:
             self.stats.groups[c.group].stored += 1
+
+
+def chunk_bytes_by_tag(layout: Layout) -> dict[bytes, int]:
+    """Bytes of a chunk of each group, by the group tag its keys start with (the replay's
+    namespace; a group without a byte size counts 0)."""
+    ns = replay_namespace(layout)
+    return {ns.group_tag(layout, gi): g.bytes_per_chunk or 0
+            for gi, g in enumerate(layout.groups)}
 
 
 def _table(layout: Layout, num_tokens: int) -> list[range]:

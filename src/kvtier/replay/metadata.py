@@ -27,15 +27,22 @@ replay is deterministic.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvtier.replay.store import DISK, ReplayStore
 from kvtier.store import ChunkStore, Policy
+from kvtier.store.admission import Admission
+from kvtier.store.lower import LowerTier
 from kvtier.store.metadata_tier import MetadataTier, NoBytes
 
 
 def metadata_store(
-    host_slots: int, *, policy: str | Policy = "lru", disk_slots: int = 0
+    host_slots: int, *, policy: str | Policy = "lru", disk_slots: int = 0,
+    below: Sequence[LowerTier] = (), admission: Admission | None = None,
 ) -> ReplayStore:
-    """``host_slots`` host slots by ``policy``, above ``disk_slots`` disk slots (LRU)."""
-    host = ChunkStore(backend=NoBytes(host_slots), policy=policy)
-    lower = [MetadataTier(DISK, disk_slots)] if disk_slots else []
-    return ReplayStore(host, lower, miss_ttl_s=0.0)
+    """``host_slots`` host slots by ``policy``, above ``disk_slots`` disk slots (LRU), above
+    the tiers ``below`` (a fleet's shared tier, ``kvtier.replay.fleet``); ``admission``
+    filters the host's new chunks (``kvtier.store.admission``)."""
+    host = ChunkStore(backend=NoBytes(host_slots), policy=policy, admission=admission)
+    lower: list[LowerTier] = [MetadataTier(DISK, disk_slots)] if disk_slots else []
+    return ReplayStore(host, [*lower, *below], miss_ttl_s=0.0)

@@ -2,7 +2,8 @@
 
 Online policies come from ``kvtier.store.POLICIES`` (new registrations are picked up
 automatically). Belady, the offline optimum, needs the future: the replay knows the whole
-trace, so the future is every request's references (``RequestRefs.keys``) in replay order.
+trace, so the future is every request's references (``RequestRefs.keys``) in replay order,
+given as each key's positions (``Workload.future``, one streaming pass).
 The infinite cache is a store with a slot for every distinct chunk of the trace: nothing
 is ever evicted, so its hit rate is the ceiling of any policy.
 
@@ -25,6 +26,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 
 from kvtier.store import POLICIES, Belady, Policy, make_policy
+from kvtier.store.policies.belady import FutureIndex
 
 BELADY = Belady.name
 INFINITE = "infinite"
@@ -44,8 +46,11 @@ def known_policy(name: str) -> str:
     return name
 
 
-def build_policy(name: str, num_slots: int, future: Sequence[Hashable]) -> Policy:
-    """A new policy over ``num_slots`` slots; Belady is given ``future``."""
+def build_policy(
+    name: str, num_slots: int, future: Sequence[Hashable] | FutureIndex
+) -> Policy:
+    """A new policy over ``num_slots`` slots; Belady is given ``future`` (the keys in
+    order, or their ``FutureIndex``)."""
     if name == BELADY:
         return ReplayBelady(num_slots, future)
     if name == INFINITE:
@@ -56,7 +61,7 @@ def build_policy(name: str, num_slots: int, future: Sequence[Hashable]) -> Polic
 class ReplayBelady(Belady):
     """Belady counting exactly one use per reference (see the module docstring)."""
 
-    def __init__(self, capacity: int, future: Sequence[Hashable] = ()) -> None:
+    def __init__(self, capacity: int, future: Sequence[Hashable] | FutureIndex = ()) -> None:
         super().__init__(capacity, future)
         self._owed: Counter[Hashable] = Counter()  # references announced, not yet counted
         self._active: Counter[Hashable] = Counter()  # live requests referencing the key

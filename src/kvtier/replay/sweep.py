@@ -25,7 +25,7 @@ COLUMNS = ("policy", "host_slots", "host_bytes", "block_hit_rate", "token_hit_ra
 
 def default_capacities(workload: Workload, points: int) -> list[int]:
     """``points`` host sizes in slots, geometric from the largest request to every chunk."""
-    low = max(1, max(len(r.keys) for r in workload.refs))
+    low = max(1, workload.max_request_chunks())
     high = max(low + 1, workload.num_distinct_chunks())
     if points < 2:
         raise ValueError(f"a sweep needs at least 2 points, got {points}")
@@ -70,15 +70,21 @@ def write_outputs(rows: list[dict[str, Any]], meta: dict[str, Any], out_dir: Pat
     return [csv_path, json_path, png_path]
 
 
-def plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
-    """Block hit rate against host capacity, one line per policy, ceilings dashed."""
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files (ValueError naming the extra without it)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ValueError("the sweep plot needs matplotlib: pip install 'kvtier[plot]'") from None
+        raise ValueError("the plot needs matplotlib: pip install 'kvtier[plot]'") from None
+    return plt
+
+
+def plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
+    """Block hit rate against host capacity, one line per policy, ceilings dashed."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     xs = sorted({r["host_slots"] for r in rows})
     for policy in dict.fromkeys(r["policy"] for r in rows):

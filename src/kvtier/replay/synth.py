@@ -20,14 +20,16 @@ does not repeat.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import random
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvtier.replay.options import Options
-from kvtier.replay.trace import BLOCK_TOKENS, MAX_TIMESTAMP_MS, TraceRequest
+from kvtier.replay.trace import BLOCK_TOKENS, MAX_TIMESTAMP_MS, TraceRequest, TraceSource
 
 _RATES = ("arrival_rate_per_s", "decode_tokens_per_s")
 MAX_BLOCKS = 2_000_000
@@ -78,13 +80,25 @@ class SynthConfig(Options):
 
 
 class _Ids:
-    """Dense block ids, one per distinct block identity."""
+    """Dense block ids, one per distinct block identity, numbered in order of first use.
+    A conversation's own blocks are remembered only while it is drawn
+    (``new_conversation``): only the shared system prompts' are kept for the whole trace."""
 
     def __init__(self) -> None:
-        self._ids: dict[Hashable, int] = {}
+        self._shared: dict[Hashable, int] = {}
+        self._own: dict[Hashable, int] = {}
+        self._next = 0
 
-    def __call__(self, identity: Hashable) -> int:
-        return self._ids.setdefault(identity, len(self._ids))
+    def new_conversation(self) -> None:
+        self._own = {}
+
+    def __call__(self, identity: tuple[Hashable, ...]) -> int:
+        table = self._shared if identity[0] == "system" else self._own
+        found = table.get(identity)
+        if found is None:
+            found = table[identity] = self._next
+            self._next += 1
+        return found
 
 
 def expected_blocks(config: SynthConfig, block_tokens: int = BLOCK_TOKENS) -> int:
@@ -99,8 +113,21 @@ def expected_blocks(config: SynthConfig, block_tokens: int = BLOCK_TOKENS) -> in
 
 
 def generate(config: SynthConfig, block_tokens: int = BLOCK_TOKENS) -> list[TraceRequest]:
-    """The synthetic trace, in arrival order; ValueError, before generating, if it would
-    hold more than ``MAX_BLOCKS`` hash ids, or arrive later than ``MAX_TIMESTAMP_MS``."""
+    """The synthetic trace, in arrival order, held in a list (``iter_generate``)."""
+    return list(iter_generate(config, block_tokens))
+
+
+def iter_generate(config: SynthConfig, block_tokens: int = BLOCK_TOKENS
+                  ) -> Iterator[TraceRequest]:
+    """The synthetic trace, in arrival order, one request at a time: it holds only the
+    conversations under way. ValueError, before the first request, if the trace would hold
+    more than ``MAX_BLOCKS`` hash ids; when a request is reached that would arrive later
+    than ``MAX_TIMESTAMP_MS``.
+
+    Users are drawn in order (the same draws as one list sorted by arrival), and a request
+    is released once no later user can arrive before it: users arrive in order, and each
+    user's rounds come after its arrival. Ties keep user, then round, order.
+    """
     blocks = expected_blocks(config, block_tokens)
     if blocks > MAX_BLOCKS:
         raise ValueError(f"synthetic: users x turns x prompt blocks is about {blocks:.3g} "
@@ -108,17 +135,27 @@ def generate(config: SynthConfig, block_tokens: int = BLOCK_TOKENS) -> list[Trac
                          "counts")
     rng = random.Random(config.seed)
     ids = _Ids()
-    out: list[TraceRequest] = []
-    start = 0.0
-    for user in range(config.users):
-        start += rng.expovariate(config.arrival_rate_per_s)
-        out += _conversation(config, rng, ids, user, start, block_tokens)
-    out.sort(key=lambda r: r.timestamp_ms)
-    if out[-1].timestamp_ms > MAX_TIMESTAMP_MS:
-        raise ValueError(f"synthetic: the last request would arrive after {MAX_TIMESTAMP_MS} ms;"
-                         " raise arrival_rate_per_s or decode_tokens_per_s, or lower "
-                         "think_time_s")
-    return out
+    pending: list[tuple[float, int, int, TraceRequest]] = []  # (arrival, user, round, req)
+    start, user, latest = 0.0, 0, float("-inf")  # latest: the last drawn user's arrival
+    while pending or user < config.users:
+        while user < config.users and (not pending or latest < pending[0][0]):
+            start += rng.expovariate(config.arrival_rate_per_s)
+            rounds = _conversation(config, rng, ids, user, start, block_tokens)
+            for n, r in enumerate(rounds):
+                heapq.heappush(pending, (r.timestamp_ms, user, n, r))
+            latest, user = rounds[0].timestamp_ms, user + 1
+        req = heapq.heappop(pending)[3]
+        if req.timestamp_ms > MAX_TIMESTAMP_MS:
+            raise ValueError("synthetic: the last request would arrive after "
+                             f"{MAX_TIMESTAMP_MS} ms; raise arrival_rate_per_s or "
+                             "decode_tokens_per_s, or lower think_time_s")
+        yield req
+
+
+def synthetic_source(config: SynthConfig, block_tokens: int = BLOCK_TOKENS,
+                     limit: int | None = None) -> TraceSource:
+    """The synthetic trace (its first ``limit`` requests), generated again for each pass."""
+    return lambda: itertools.islice(iter_generate(config, block_tokens), limit)
 
 
 def _length(rng: random.Random, mean: int) -> int:
@@ -129,6 +166,7 @@ def _conversation(
     config: SynthConfig, rng: random.Random, ids: _Ids, user: int, start_s: float,
     block_tokens: int,
 ) -> list[TraceRequest]:
+    ids.new_conversation()
     system = rng.randrange(config.system_prompts)
     history = config.system_tokens
     now = start_s

@@ -6,8 +6,10 @@ A deliberately simple, documented model (docs/replay.md), every parameter settab
 * prefill computes ``prefill_tokens_per_s`` prompt tokens per second (linear: attention's
   quadratic term is folded into the rate, so set the rate for your typical prompt length);
 * a hit's chunks are read at ``host_gb_per_s`` from host memory and ``disk_gb_per_s`` from
-  disk, each read costing ``load_latency_ms`` once per request and tier it touches; loads
-  happen before the remaining prefill (no layer-wise overlap: a conservative estimate);
+  disk, each read costing ``load_latency_ms`` once per request and tier it touches, and at
+  ``shared_gb_per_s`` from a fleet's shared tier over the network, costing
+  ``shared_latency_ms`` instead; loads happen before the remaining prefill (no layer-wise
+  overlap: a conservative estimate);
 * a request's first token then takes ``first_token_ms`` (one decode step), and every
   further token ``1000 / decode_tokens_per_s`` ms (used by ``--concurrent`` only, where
   the engine prefills up to ``prefill_slots`` requests at once).
@@ -33,7 +35,8 @@ MAX_VALUE = 1e12
 """The largest value of any timing parameter."""
 MIN_RATE = 1e-6
 """The smallest rate: with every value bounded so, every modelled time is a finite number."""
-_RATES = ("prefill_tokens_per_s", "host_gb_per_s", "disk_gb_per_s", "decode_tokens_per_s")
+_RATES = ("prefill_tokens_per_s", "host_gb_per_s", "disk_gb_per_s", "shared_gb_per_s",
+          "decode_tokens_per_s")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,10 @@ class TimingModel(Options):
     """Disk to accelerator bandwidth, GB/s."""
     load_latency_ms: float = 0.2
     """Fixed cost of a load from one tier, per request, milliseconds."""
+    shared_gb_per_s: float = 12.5
+    """A fleet's shared tier to accelerator bandwidth over the network, GB/s (100 Gbit/s)."""
+    shared_latency_ms: float = 1.0
+    """Fixed cost of a load from the shared tier, per request, milliseconds (a round trip)."""
     first_token_ms: float = 20.0
     """One decode step: the first token after prefill, milliseconds."""
     decode_tokens_per_s: float = 50.0
@@ -72,13 +79,16 @@ class TimingModel(Options):
 
     def load_s(self, bytes_by_tier: Mapping[str, int]) -> float:
         """Seconds to read a hit's chunks: bandwidth plus a fixed latency per tier used (a
-        tier below the disk, Redis with ``--bytes``, is timed at disk bandwidth)."""
-        rate = {"host": self.host_gb_per_s, "disk": self.disk_gb_per_s}
+        tier below the disk other than a fleet's ``shared`` one, Redis with ``--bytes``, is
+        timed at disk bandwidth)."""
+        rate = {"host": self.host_gb_per_s, "disk": self.disk_gb_per_s,
+                "shared": self.shared_gb_per_s}
         total = 0.0
         for tier, nbytes in bytes_by_tier.items():
             if nbytes:
                 gb_per_s = rate.get(tier, self.disk_gb_per_s)
-                total += nbytes / (gb_per_s * 1e9) + self.load_latency_ms / 1000
+                latency_ms = self.shared_latency_ms if tier == "shared" else self.load_latency_ms
+                total += nbytes / (gb_per_s * 1e9) + latency_ms / 1000
         return total
 
     def ttft_s(self, prompt: int, hit: int, bytes_by_tier: Mapping[str, int]) -> float:

@@ -16,7 +16,9 @@ of at most ``MAX_LINE_CHARS`` characters, a prompt and an answer of at most
 ``MAX_REQUEST_TOKENS`` tokens each, at most ``MAX_HASH_IDS`` ids, a finite timestamp of at
 most ``MAX_TIMESTAMP_MS``.
 
-Every problem is a ``TraceError`` naming the file and line, so that a user can fix it
+``read_trace`` holds every request; ``iter_trace`` reads one at a time, so that a replay
+holds none it has finished (``kvtier.replay.workload``). Every problem is a ``TraceError``
+naming the file and line, so that a user can fix it
 (doctests run with ELLIPSIS):
 
 >>> parse_lines(['{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [7, 8]}'])
@@ -29,11 +31,12 @@ kvtier.replay.trace.TraceError: <trace> line 1: input_length 600 needs 2 hash_id
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.resources
 import io
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +54,8 @@ MAX_LINE_CHARS = 2**25
 """The longest trace line: 32 Mi characters holds ``MAX_HASH_IDS`` ids of 20 digits."""
 MAX_TIMESTAMP_MS = 2**53
 """The latest arrival, in milliseconds (every integer up to it is exact as a float)."""
+TraceSource = Callable[[], Iterable["TraceRequest"]]
+"""Opens a trace for one pass: every call yields its requests again, in arrival order."""
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _MAX_ID = 2**64 - 1
 
@@ -102,23 +107,43 @@ def read_trace(
     source: str | Path | Any | None = None, *, block_tokens: int = BLOCK_TOKENS,
     limit: int | None = None,
 ) -> list[TraceRequest]:
-    """Every request of a trace file (the bundled trace when ``source`` is None).
-
-    ``limit`` keeps only the first that many requests.
+    """Every request of a trace file (the bundled trace when ``source`` is None), held in a
+    list; ``iter_trace`` reads them one at a time. ``limit`` keeps only the first that many.
     """
+    return list(iter_trace(source, block_tokens=block_tokens, limit=limit))
+
+
+def iter_trace(
+    source: str | Path | Any | None = None, *, block_tokens: int = BLOCK_TOKENS,
+    limit: int | None = None,
+) -> Iterator[TraceRequest]:
+    """The requests of a trace file, read and checked one line at a time (the file stays
+    open while the iterator runs); ``TraceError`` when a line is reached that is bad."""
     path = bundled_trace_path() if source is None else source
     name = BUNDLED_TRACE if source is None else str(source)
     with _open_text(path) as f:
         try:
-            return parse_lines(_bounded_lines(f), block_tokens=block_tokens, limit=limit,
-                               name=name)
+            yield from iter_lines(_bounded_lines(f), block_tokens=block_tokens, limit=limit,
+                                  name=name)
         except (UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as e:
             raise TraceError(f"{name}: not a readable text trace ({e})") from None
 
 
+def trace_source(
+    source: str | Path | None, *, block_tokens: int = BLOCK_TOKENS, limit: int | None = None,
+) -> TraceSource:
+    """A trace file to stream (the bundled trace when None): each call opens it again
+    (``iter_trace``). A trace that cannot be read twice (a pipe, a device) is read once
+    and held."""
+    if source is not None and not Path(source).is_file():
+        held = read_trace(source, block_tokens=block_tokens, limit=limit)
+        return lambda: held
+    return functools.partial(iter_trace, source, block_tokens=block_tokens, limit=limit)
+
+
 def _bounded_lines(f: IO[str]) -> Iterator[str]:
     """The lines of ``f``, none read past ``MAX_LINE_CHARS + 1`` characters (``/dev/zero``
-    is one endless line: ``parse_lines`` refuses it at that length)."""
+    is one endless line: ``iter_lines`` refuses it at that length)."""
     while line := f.readline(MAX_LINE_CHARS + 1):
         yield line
 
@@ -128,10 +153,18 @@ def parse_lines(
     name: str = "<trace>",
 ) -> list[TraceRequest]:
     """Parse trace lines (blank lines are skipped); ``TraceError`` names the bad line."""
-    out: list[TraceRequest] = []
+    return list(iter_lines(lines, block_tokens=block_tokens, limit=limit, name=name))
+
+
+def iter_lines(
+    lines: Iterable[str], *, block_tokens: int = BLOCK_TOKENS, limit: int | None = None,
+    name: str = "<trace>",
+) -> Iterator[TraceRequest]:
+    """``parse_lines``, one request at a time: holds one line and its request."""
+    count = 0
     last_ts = float("-inf")
     for number, line in enumerate(lines, start=1):
-        if limit is not None and len(out) >= limit:
+        if limit is not None and count >= limit:
             break
         if len(line) > MAX_LINE_CHARS:
             raise TraceError(f"{name} line {number}: longer than {MAX_LINE_CHARS} characters; "
@@ -143,10 +176,10 @@ def parse_lines(
             raise TraceError(f"{name} line {number}: timestamp {req.timestamp_ms:g} is before "
                              f"the previous line's {last_ts:g}; sort the trace by arrival")
         last_ts = req.timestamp_ms
-        out.append(req)
-    if not out:
+        count += 1
+        yield req
+    if not count:
         raise TraceError(f"{name}: the trace has no requests")
-    return out
 
 
 def _parse_line(line: str, block_tokens: int, where: str) -> TraceRequest:
