@@ -98,8 +98,8 @@ def timed(llm: LLM, prompts: list[TokensPrompt], max_tokens: int) -> tuple[float
     return time.perf_counter() - t0, outs
 
 
-def ttft_turn(llm: LLM, seed: int, n: int) -> dict[str, float]:
-    """One prompt: cold, warm from kvtier, warm from vLLM's own cache (seconds, hits)."""
+def cold_turn(llm: LLM, seed: int, n: int) -> tuple[list[TokensPrompt], float]:
+    """Prompt ``seed`` of ``n`` tokens run cold, kvtier's store of it reported: (prompt, s)."""
     p = [prompt(seed, n)]
     llm.reset_prefix_cache(reset_connector=True)
     cold, outs = timed(llm, p, 1)
@@ -107,6 +107,12 @@ def ttft_turn(llm: LLM, seed: int, n: int) -> dict[str, float]:
     # the cold run's stores finish on the worker after its last step; one more short request
     # carries their reports to the scheduler, as any later traffic would
     timed(llm, [prompt(10_000 + seed, 16)], 2)
+    return p, cold
+
+
+def ttft_turn(llm: LLM, seed: int, n: int) -> dict[str, float]:
+    """One prompt: cold, warm from kvtier, warm from vLLM's own cache (seconds, hits)."""
+    p, cold = cold_turn(llm, seed, n)
     llm.reset_prefix_cache()
     warm, outs = timed(llm, p, 1)
     kvtier_hit = outs[0].num_cached_tokens

@@ -34,31 +34,37 @@ CHUNK_TOKENS = 128  # the CPU backend's block size: one block per chunk
 
 
 def kv_transfer_config(**extra: Any) -> dict[str, Any]:
-    """``--kv-transfer-config`` exactly as docs/vllm.md tells a user to write it."""
+    """``--kv-transfer-config`` exactly as docs/vllm.md tells a user to write it (a ``host``
+    section in ``extra`` replaces the ``host_bytes`` shorthand)."""
+    host = {} if "host" in extra else {"host_bytes": 64 << 20}
     return {"kv_connector": "KvtierConnector",
             "kv_connector_module_path": "kvtier.integrations.vllm",
             "kv_role": "kv_both",
-            "kv_connector_extra_config": {"chunk_tokens": CHUNK_TOKENS,
-                                          "host_bytes": 64 << 20, **extra}}
+            "kv_connector_extra_config": {"chunk_tokens": CHUNK_TOKENS, **host, **extra}}
 
 
 @dataclass(frozen=True)
 class Output:
     tokens: tuple[int, ...]
     num_cached: int
+    ttft_s: float = 0.0
+    """Time to first token, from the request's arrival (vLLM's own request stats)."""
 
 
 class Engine:
     """One in-process ``LLM`` with ``KvtierConnector``; ``close()`` frees it."""
 
     def __init__(self, model: Path, *, num_blocks: int, speculative: dict[str, Any] | None = None,
-                 max_model_len: int = 1024, connector: bool = True) -> None:
+                 max_model_len: int = 1024, connector: bool = True,
+                 kv_events: Any = None, **options: Any) -> None:
+        """``kv_events``: a vLLM ``KVEventsConfig``; ``options``: the connector's."""
         self.llm = LLM(
             model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
             max_model_len=max_model_len, enforce_eager=True, distributed_executor_backend="uni",
             kv_cache_memory_bytes=num_blocks * _block_bytes(model, speculative),
-            kv_transfer_config=kv_transfer_config() if connector else None,
+            kv_transfer_config=kv_transfer_config(**options) if connector else None,
             speculative_config=speculative, disable_log_stats=False,
+            kv_events_config=kv_events,
         )
         core = self.llm.llm_engine.engine_core.engine_core
         self.scheduler = core.scheduler
@@ -72,7 +78,8 @@ class Engine:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
                                  params, use_tqdm=False)
-        return [Output(tuple(o.outputs[0].token_ids), int(o.num_cached_tokens or 0))
+        return [Output(tuple(o.outputs[0].token_ids), int(o.num_cached_tokens or 0),
+                       float(getattr(o.metrics, "first_token_latency", 0.0)))
                 for o in outs]
 
     def cold_then_warm(self, prompts: Sequence[Sequence[int]], max_tokens: int = 8

@@ -2,11 +2,18 @@
 
 ``KvtierOptions`` is one typed, frozen record read from ``kv_connector_extra_config``;
 unknown keys are refused with the list of known ones, so a typo never silently falls back
-to a default.
+to a default. The tiers take the keys of ``kvtier.store.config.TierConfig`` (``host``,
+``disk``, ``redis``, ``write_policy``, ...), parsed by ``TierConfig.from_dict`` alone, so
+one configuration serves the library, the CLI and vLLM; ``host_bytes`` (with ``policy``)
+is the shorthand for a host-only ``host`` section.
 
 >>> opts = KvtierOptions.from_extra_config({"host_bytes": 1 << 30, "chunk_tokens": 256})
->>> opts.host_bytes, opts.chunk_tokens, opts.policy, opts.store
-(1073741824, 256, 'lru', 'all')
+>>> opts.host_bytes, opts.chunk_tokens, opts.policy, opts.store, opts.tiers.disk
+(1073741824, 256, 'lru', 'all', None)
+>>> opts = KvtierOptions.from_extra_config({"host": {"capacity": "64MiB", "policy": "arc"},
+...                                         "disk": {"path": "/tmp/kv", "capacity": "1GiB"}})
+>>> opts.host_bytes, opts.policy, opts.tiers.disk.path
+(67108864, 'arc', '/tmp/kv')
 
 ``connector_setup`` turns a ``VllmConfig`` and a ``KVCacheConfig`` into everything the
 connector is built from. Both halves (scheduler and every worker) call it with the same
@@ -17,14 +24,17 @@ message that says what to change.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from kvtier.boundaries import BoundaryMode, check_mode
 from kvtier.integrations.vllm.layout import UnsupportedConfig, VllmSpecDecode, vllm_layout
 from kvtier.keys import Namespace
 from kvtier.layout import Layout
+from kvtier.store.config import TierConfig
 from kvtier.store.host import slots_for_capacity
 from kvtier.store.policies import ONLINE_POLICIES
 
@@ -37,12 +47,11 @@ class KvtierOptions:
     """Everything a user sets in ``kv_connector_extra_config`` (see docs/vllm.md)."""
 
     host_bytes: int = 1 << 30
-    """Capacity of the host-memory tier, in bytes, on each worker."""
-    tiers: tuple[str, ...] = ("host",)
-    """Tiers, fastest first. Only ``host`` is served through vLLM for now."""
+    """Capacity of the host-memory tier, in bytes, on each worker (the shorthand for
+    ``host = {capacity = ...}``; with a ``host`` section, its capacity)."""
     policy: str = "lru"
-    """Eviction policy: one of kvtier's online policies (``lru``, ``arc``, ``s3fifo``,
-    ``pfreq``)."""
+    """Host-memory eviction policy: one of kvtier's online policies (``lru``, ``arc``,
+    ``s3fifo``, ``pfreq``); with a ``host`` section, its ``policy``."""
     chunk_tokens: int = 256
     """Tokens per stored chunk; a multiple of every KV-cache group's block size."""
     store: StoreWhat = "all"
@@ -60,15 +69,18 @@ class KvtierOptions:
     prune_chunked_local: bool = False
     """With ``end`` or ``shared``, also store fewer chunked-local chunks (by default they
     are stored as in ``dense``, keeping every hit native offloading has)."""
+    tiers: TierConfig = field(default=None)  # type: ignore[assignment]
+    """The hierarchy (``TierConfig``): host memory, and optionally disk and Redis below it.
+    Not a key of its own: built from the ``TierConfig`` keys (or ``host_bytes``)."""
 
     def __post_init__(self) -> None:
         _positive_int("host_bytes", self.host_bytes)
         _positive_int("chunk_tokens", self.chunk_tokens)
-        if tuple(self.tiers) != ("host",):
-            raise ValueError(
-                f"kvtier vLLM connector: tiers {list(self.tiers)!r} are not supported yet; "
-                "use [\"host\"] (disk and remote tiers are served through kvtier's own engine)"
-            )
+        if self.tiers is None:
+            object.__setattr__(self, "tiers",
+                               TierConfig.from_dict({"host": {"capacity": self.host_bytes}}))
+        if not isinstance(self.tiers, TierConfig):
+            raise ValueError(f"tiers must be a TierConfig, got {self.tiers!r}")
         if self.policy not in ONLINE_POLICIES:
             known = sorted(ONLINE_POLICIES)
             raise ValueError(f"policy must be one of {known}, got {self.policy!r}")
@@ -86,18 +98,29 @@ class KvtierOptions:
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KvtierOptions:
-        """Options from vLLM's ``kv_connector_extra_config``; unknown keys are an error."""
+        """Options from vLLM's ``kv_connector_extra_config``; unknown keys are an error, and
+        so is a ``host`` section beside its shorthand (``host_bytes``, ``policy``)."""
         extra = dict(extra or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(extra) - known)
+        tier_keys = {f.name for f in fields(TierConfig) if f.init}
+        own = {f.name for f in fields(cls)} - {"tiers"}
+        unknown = sorted(set(extra) - own - tier_keys)
         if unknown:
             raise ValueError(
                 f"kvtier vLLM connector: unknown option(s) {unknown} in "
-                f"kv_connector_extra_config; known options: {sorted(known)}"
+                f"kv_connector_extra_config; known options: {sorted(own | tier_keys)}"
             )
-        if "tiers" in extra:
-            extra["tiers"] = tuple(extra["tiers"])
-        return cls(**extra)
+        tiers = {k: extra.pop(k) for k in tier_keys & set(extra)}
+        both = sorted({"host_bytes", "policy"} & set(extra))
+        if "host" in tiers and both:
+            raise ValueError(f"kvtier vLLM connector: give a host section or {both}, not both "
+                             "(host_bytes and policy are the shorthand for host)")
+        if "host" not in tiers:
+            _positive_int("host_bytes", extra.get("host_bytes", 1 << 30))
+            tiers["host"] = {"capacity": extra.get("host_bytes", 1 << 30)}
+        config = TierConfig.from_dict(tiers)
+        extra.setdefault("host_bytes", config.host.capacity_bytes)
+        extra.setdefault("policy", config.host.policy)
+        return cls(**extra, tiers=config)
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -115,11 +138,23 @@ class ConnectorSetup:
     num_workers: int
     """Workers that must each report a job before it is done."""
 
+    @property
+    def tiers(self) -> TierConfig:
+        return self.options.tiers
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of a host slot: the layout's largest chunk."""
+        assert self.layout.max_bytes_per_chunk is not None  # vllm_layout always sets sizes
+        return self.layout.max_bytes_per_chunk
+
 
 def connector_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     """Options, layout, namespace and sizes; raises ``UnsupportedConfig`` or ``ValueError``."""
     transfer = vllm_config.kv_transfer_config
     options = KvtierOptions.from_extra_config(transfer.kv_connector_extra_config)
+    if options.tiers.disk is not None:
+        check_writable(options.tiers.disk.path)
     parallel = vllm_config.parallel_config
     _refuse_parallel(parallel)
     model = vllm_config.model_config
@@ -133,15 +168,28 @@ def connector_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
             "them through vLLM's scheduler is not yet verified; refusing rather than risk "
             "wrong state (use kvtier's own engine for these models)"
         )
-    slot_bytes = layout.max_bytes_per_chunk
-    assert slot_bytes is not None  # vllm_layout always sets sizes
     namespace = Namespace(
         model=str(model.model), revision=options.model_revision or str(model.revision or ""),
         kv_dtype=kv_dtype, parallel=f"tp{parallel.tensor_parallel_size}",
     )
+    slot_bytes = layout.max_bytes_per_chunk
+    assert slot_bytes is not None  # vllm_layout always sets sizes
     return ConnectorSetup(layout, options, namespace,
                           slots_for_capacity(options.host_bytes, slot_bytes),
                           int(parallel.world_size))
+
+
+def check_writable(path: str) -> None:
+    """``ValueError`` at start-up unless ``path`` is (or can be made) a writable directory:
+    every rank opens its own directory under it (``kvtier.integrations.vllm.tiers``)."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"[disk].path {path!r}: cannot create the directory ({e.strerror}); "
+                         "give a writable directory") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"[disk].path {path!r}: the directory is not writable; give a "
+                         "writable directory")
 
 
 def spec_decode(vllm_config: Any) -> VllmSpecDecode:

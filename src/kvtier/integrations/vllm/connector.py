@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import KVCacheEvent, KVConnectorKVEvents
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -22,12 +22,27 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
 
 from kvtier.integrations.vllm.config import connector_setup
+from kvtier.integrations.vllm.observe import (
+    ConnectorStats,
+    KvtierPromMetrics,
+    KvtierStats,
+    RankTally,
+    TierEventLog,
+    kv_event,
+)
 from kvtier.integrations.vllm.scheduler import ConnectorScheduler, StepPlan, StepRequest
+from kvtier.integrations.vllm.tiers import has_lower, scheduler_tiers
 from kvtier.integrations.vllm.worker import ConnectorWorker
-from kvtier.store.results import EventKind
+from kvtier.integrations.vllm.worker_tiers import RankTiers
+from kvtier.store.record import geometry_of
 
 if TYPE_CHECKING:
     import torch
@@ -61,25 +76,6 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
         return KvtierWorkerMetadata(merged)
 
 
-class KvtierStats(KVConnectorStats):
-    """kvtier's planner counters (hit tokens, chunks and bytes loaded and stored, ...)."""
-
-    def reset(self) -> None:
-        self.data.clear()
-
-    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for name, value in other.data.items():
-            if isinstance(value, (int, float)):
-                self.data[name] = self.data.get(name, 0) + value
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        return {k: v for k, v in self.data.items() if isinstance(v, (int, float))}
-
-    def is_empty(self) -> bool:
-        return not any(self.reduce().values())
-
-
 class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     """kvtier as a vLLM KV connector; configure it with ``kv_connector_extra_config``."""
 
@@ -90,19 +86,33 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self.layout, self.options = setup.layout, setup.options
         self.scheduler: ConnectorScheduler | None = None
         self.worker: ConnectorWorker | None = None
+        self._stats: ConnectorStats | None = None
+        self._tier_log: TierEventLog | None = None  # worker: its disk tier's events
+        self._tally: RankTally | None = None  # scheduler: what every rank's tiers hold
         self._requests: dict[str, Request] = {}
         # the plan before_forward ran for, held (not its id(): a freed plan's id is reused)
         self._prepared: StepPlan | None = None
         self._completed: dict[int, tuple[int, bool]] = {}
+        slot_bytes, geometry = setup.slot_bytes, geometry_of(setup.layout)
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = ConnectorScheduler(
                 setup.layout, setup.num_slots, setup.num_workers, policy=setup.options.policy,
                 namespace=setup.namespace, store=setup.options.store,
                 wait_timeout_s=setup.options.wait_timeout_s,
                 boundaries=setup.options.boundaries,
-                prune_chunked_local=setup.options.prune_chunked_local)
+                prune_chunked_local=setup.options.prune_chunked_local,
+                admission=setup.tiers.admission(),
+                tiers=scheduler_tiers(setup.tiers, setup.num_workers, slot_bytes, geometry))
+            self._stats = ConnectorStats.of_scheduler(self.scheduler)  # from step one on
+            self._tally = RankTally(setup.num_workers)
         else:
-            self.worker = ConnectorWorker(setup.layout, setup.num_slots)
+            rank = int(getattr(vllm_config.parallel_config, "rank", 0) or 0)
+            tiers = (RankTiers(setup.tiers, rank, slot_bytes, geometry)
+                     if has_lower(setup.tiers) else None)
+            self.worker = ConnectorWorker(setup.layout, setup.num_slots, tiers=tiers,
+                                          pin_memory=setup.tiers.host.pin_memory)
+            self._stats = ConnectorStats.of_worker(tiers)
+            self._tier_log = None if tiers is None else TierEventLog(tiers, rank)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -153,6 +163,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return StepRequest(req_id, block_ids, full, horizon, request.all_token_ids)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if self._tally is not None:
+            self._tally.report(connector_output.kv_cache_events)
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, KvtierWorkerMetadata) and meta.completed:
             self._sched().on_reports(meta.completed)
@@ -168,24 +180,40 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched().finish(request.request_id)
         return False, None
 
+    # ---- what the world sees: KV events and metrics (``observe``) ---------------------
+
     def take_events(self) -> Iterable[KVCacheEvent]:
-        for event in self._sched().take_events():
-            if event.kind is EventKind.STORED:
-                yield BlockStored(block_hashes=[event.key], parent_block_hash=None,
-                                  token_ids=[], block_size=self.layout.hit_granularity,
-                                  lora_id=None, medium="CPU", lora_name=None)
-            else:
-                yield BlockRemoved(block_hashes=[event.key], medium="CPU")
+        """Each chunk stored or dropped, with its tier's medium (``observe.MEDIA``): host
+        memory's from the scheduler's store, the lower tiers' once every rank's shard is
+        stored (or any rank's is dropped)."""
+        lower = self._tally.take() if self._tally is not None else []
+        for event in [*self._sched().take_events(), *lower]:
+            yield kv_event(event, self.layout.hit_granularity)
+
+    def get_kv_connector_kv_cache_events(self) -> KVConnectorKVEvents | None:
+        """Worker: its lower tiers' events since the last step (``observe.RankEvents``)."""
+        return None if self._tier_log is None else self._tier_log.take()
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        if self.scheduler is None:
+        """Increments since the last call: the scheduler's (host memory, planner) or a
+        worker's (its disk and Redis tiers); vLLM sums them."""
+        if self._stats is None:
             return None
-        return KvtierStats(data=self.scheduler.planner.metrics.as_dict())
+        data = self._stats.take()
+        return KvtierStats(data=data) if data else None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
                                  ) -> KVConnectorStats | None:
         return KvtierStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str], per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        """kvtier's counters and histograms on ``/metrics`` (docs/metrics.md)."""
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def reset_cache(self) -> bool | None:
         self._sched().clear_cache()
@@ -227,7 +255,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return None  # stores start in wait_for_save, once every layer is written
 
     def wait_for_save(self) -> None:
-        self._worker().after_forward(self._plan())
+        plan = self._plan()
+        self._before_forward(plan)  # demotions and loads first, if vLLM skipped both hooks
+        self._worker().after_forward(plan)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         report = self._worker().collect()
@@ -246,6 +276,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if self.worker is not None:
             self.worker.drain()
             self.worker.close()
+        if self.scheduler is not None:
+            self.scheduler.close()
 
 
 def _scheduled(out: SchedulerOutput) -> Iterable[tuple[str, Any, bool]]:

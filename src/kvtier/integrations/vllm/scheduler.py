@@ -33,14 +33,17 @@ waits for the stores still reading it before anything writes it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvtier import coverage
 from kvtier.boundaries import BoundaryMode
+from kvtier.integrations.vllm.tiers import Demotion, Promotion, TieredHost
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.layout import Layout
 from kvtier.planner import Outcome, Planner, RequestLimits, TransferJob
+from kvtier.store.admission import Admission
 from kvtier.store.manager import ChunkStore
 from kvtier.store.results import EventKind, StoreEvent
 
@@ -67,11 +70,15 @@ class StepRequest:
 @dataclass(frozen=True)
 class StepPlan:
     """What the workers do this step: loads before the forward, stores after it, and the
-    store jobs to finish before any block is overwritten."""
+    store jobs to finish before any block is overwritten; with lower tiers, the chunks to
+    write down before any slot is reused and the promotions into host slots
+    (``kvtier.integrations.vllm.tiers``)."""
 
     loads: tuple[TransferJob, ...] = ()
     stores: tuple[TransferJob, ...] = ()
     flush: tuple[int, ...] = ()
+    promotes: tuple[Promotion, ...] = ()
+    demotions: tuple[Demotion, ...] = ()
 
 
 @dataclass
@@ -111,18 +118,24 @@ class ConnectorScheduler:
     """Per-step planning for vLLM over one ``Planner`` and a metadata-only ``ChunkStore``.
 
     ``num_slots`` must equal the slots of each worker's host slab; ``num_workers`` is how
-    many workers must report a job before it counts as done.
+    many workers must report a job before it counts as done. ``tiers``: the lower tiers the
+    workers hold (a ``TieredHost`` over this store), if any. ``clock`` is the planner's
+    (the lookup deadline). ``admission``: when a new chunk is stored (``admit_after``).
     """
 
     def __init__(
         self, layout: Layout, num_slots: int, num_workers: int, *, policy: str = "lru",
         namespace: Namespace | None = None, store: str = "all", wait_timeout_s: float = 0.05,
         boundaries: BoundaryMode = "dense", prune_chunked_local: bool = False,
+        tiers: Callable[[ChunkStore], TieredHost] | None = None,
+        clock: Callable[[], float] = time.monotonic, admission: Admission | None = None,
     ) -> None:
         self.layout = layout
-        self.store = ChunkStore(num_slots, policy=policy)
-        self.planner = Planner(layout, self.store, namespace or Namespace(layout.model),
-                               wait_timeout_s=wait_timeout_s)
+        self.store = ChunkStore(num_slots, policy=policy, admission=admission)
+        self.tiers = None if tiers is None else tiers(self.store)
+        self.planner = Planner(layout, self.tiers or self.store,
+                               namespace or Namespace(layout.model),
+                               wait_timeout_s=wait_timeout_s, clock=clock)
         self.num_workers = num_workers
         self._limits = RequestLimits(store="prompt" if store == "prompt" else "all",
                                      boundaries=boundaries,
@@ -221,7 +234,8 @@ class ConnectorScheduler:
         stores = [job for s in steps if (job := self._store(s)) is not None]
         for request_id in self._unaccepted:
             self.planner.decline_hit(request_id)
-        plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush))
+        below = self.tiers.take_plan(stores) if self.tiers is not None else ((), ())
+        plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below)
         self._loads, self._fresh, self._unaccepted = [], set(), set()
         return plan
 
@@ -296,6 +310,9 @@ class ConnectorScheduler:
         returns the jobs every worker has now finished."""
         finished = []
         for job_id, (count, ok) in done.items():
+            if self.tiers is not None and self.tiers.owns(job_id):
+                self.tiers.on_report(job_id, count, ok)
+                continue
             entry = self._jobs.get(job_id)
             if entry is None:
                 continue  # cancelled by reset
@@ -313,6 +330,8 @@ class ConnectorScheduler:
             self.planner.complete_load(job.id, entry.ok, bad)
         else:
             self.planner.complete_store(job.id, entry.ok)
+            if not entry.ok and self.tiers is not None:
+                self.tiers.forget(c.key for c in job.copies)
         return JobReport(job.request_id, job.direction, entry.ok)
 
     # ---- cache-wide --------------------------------------------------------------------
@@ -327,6 +346,11 @@ class ConnectorScheduler:
     def take_events(self) -> list[StoreEvent]:
         events, self.events = self.events, []
         return events
+
+    def close(self) -> None:
+        """Stop the lower tiers' probes (nothing to do without lower tiers)."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     def clear_cache(self) -> int:
         """Drop every stored chunk no load is reading; returns how many were dropped."""

