@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.replay.test_cli_replay import run
+from test_cli_replay import run
 
 from kvtier.layout import Group, Layout
 from kvtier.replay import ReplayConfig, Workload
@@ -101,3 +101,16 @@ def test_bad_fleet_input_exits_2_with_one_line(
     assert len(err.strip().splitlines()) == 1, err
     if "token_hit=0.999" in argv:
         assert "unreachable" in err and "best reached" in err
+
+
+@pytest.mark.parametrize(("argv", "admit"), [
+    ((), 2), (("--instances", "1"), 2), (("--instances", "2"), 1),
+    (("--instances", "2", "--admit", "3"), 3),
+])
+def test_default_admission_is_per_engine_count(
+        capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], admit: int) -> None:
+    """One engine admits at the second offer; a fleet, N times the cache, at the first
+    (docs/replay.md, "Defaults"); an explicit --admit always wins."""
+    code, out, _ = run(capsys, "--synthetic", "users=20,seed=1", "--host-chunks", "64",
+                       *argv, "--json")
+    assert code == 0 and json.loads(out)["admit_after"] == admit

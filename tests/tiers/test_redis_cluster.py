@@ -121,6 +121,28 @@ def test_a_killed_master_costs_misses_for_its_slots_only(
     tier.check_invariants()
 
 
+@pytest.mark.parametrize("down", [0, 2])
+def test_a_tier_opened_while_a_master_is_down_serves_the_others(
+    redis_cluster: LocalRedisCluster, tier_on: TierOn, down: int
+) -> None:
+    """A new process meeting a cluster with one master dead (0: the first start-up node,
+    which also owns the map's first slots) still serves every other master's chunks."""
+    writer = tier_on(redis_cluster)
+    writer.put(items(NAMES))
+    owner = owners(writer, redis_cluster)
+    alive = sorted(n for n in NAMES if owner[n] != down)
+    assert 0 < len(alive) < len(NAMES)
+    redis_cluster.kill(down)
+
+    reader = RedisTier(cluster_nodes=redis_cluster.startup_nodes, geometry=GEOMETRY,
+                       namespace=writer.namespace, timeout_s=0.5)
+    try:
+        assert reader.exists([key(n) for n in NAMES]) == [owner[n] != down for n in NAMES]
+        assert sorted(got(reader, NAMES)) == alive
+    finally:
+        reader.close()
+
+
 def test_a_restarted_master_serves_again_after_its_backoff(
     redis_cluster: LocalRedisCluster, tier_on: TierOn, clock: Clock
 ) -> None:

@@ -53,9 +53,12 @@ from kvtier.store.redis_options import redact
 
 DEFAULT_HOST = "64GiB"
 DEFAULT_ADMIT = 2
-"""``--admit``: with ``lru`` and ``dense`` boundaries, the best online combination measured
-on the bundled trace, its halves and the synthetic generator's traffic (docs/replay.md,
-"Defaults")."""
+"""``--admit`` for one engine: with ``lru`` and ``dense`` boundaries, the best online
+combination measured on the bundled trace, its halves and the synthetic generator's traffic
+(docs/replay.md, "Defaults")."""
+DEFAULT_FLEET_ADMIT = 1
+"""``--admit`` for more than one engine: a fleet holds N times the cache, where admission,
+which always misses a chunk's second use, costs hits (docs/replay.md, "Defaults")."""
 MAX_SWEEP_POINTS = 64
 """The most host sizes one ``--sweep`` runs (each runs every policy over the whole trace)."""
 
@@ -110,10 +113,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_admission_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--admit", type=int_in(1, MAX_ADMIT_AFTER), default=DEFAULT_ADMIT,
-                        metavar="N",
+    parser.add_argument("--admit", type=int_in(1, MAX_ADMIT_AFTER), metavar="N",
                         help="admission: store a chunk only at its N-th offer within the window "
-                             f"(default {DEFAULT_ADMIT}, the best measured, docs/replay.md "
+                             f"(default {DEFAULT_ADMIT} for one engine, {DEFAULT_FLEET_ADMIT} "
+                             "for --instances above 1: the best measured, docs/replay.md "
                              "'Defaults'; 1: every offer, no admission)")
     parser.add_argument("--admit-window", type=int_in(1, MAX_WINDOW), metavar="OFFERS",
                         help=f"offers admission remembers (default {WINDOW_PER_SLOT} per host "
@@ -213,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
     bytes_options = _bytes_options(args, policies, disk)
     if bytes_options is not None:
         _check_slab(host, bytes_options.slot_bytes)
+    if args.admit is None:
+        args.admit = DEFAULT_FLEET_ADMIT if (args.instances or 1) > 1 else DEFAULT_ADMIT
     source, name, count = _requests(args)
     config = ReplayConfig(layout, args.block_tokens, args.store, timing, args.boundaries,
                           Admission(args.admit, args.admit_window))

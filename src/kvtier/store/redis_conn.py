@@ -193,37 +193,48 @@ class ServerLink:
 
 class ClusterLink:
     """A Redis Cluster found from its start-up node URLs (``check_cluster_nodes``, so
-    they share one connection setup); building it reads the slot map from the first node
-    that answers, so it can fail (``Nodes`` then backs off as for a failed node)."""
+    they share one connection setup). Building it reads the slot map from the first
+    start-up node that answers (any one will do, so a dead master costs only its slots);
+    it fails only when none answers (``Nodes`` then backs off as for a failed node).
+
+    redis-py's ``NodesManager`` keeps the slot map and one client per node; its
+    ``RedisCluster`` is not used, because building one also asks the map's first master
+    for the server's command table and fails outright while that master is down."""
 
     def __init__(self, urls: Sequence[str], options: dict[str, Any]) -> None:
         redis = redis_module()
-        others = [urlsplit(u) for u in urls[1:]]
-        self._cluster = redis.cluster.RedisCluster(
-            url=urls[0], startup_nodes=[redis.cluster.ClusterNode(p.hostname, p.port)
-                                        for p in others],
-            require_full_coverage=False, retry=_no_retry(redis), **options,
-        )
+        settings = {**options, **redis.connection.parse_url(urls[0])}
+        startup = [redis.cluster.ClusterNode(p.hostname, p.port)
+                   for p in map(urlsplit, urls)]
+        self._nodes = redis.cluster.NodesManager(
+            startup_nodes=startup, require_full_coverage=False,
+            **redis.cluster.cleanup_kwargs(**settings),
+        )  # its node clients never retry a call themselves
+        self._lock = threading.Lock()
         self._jobs = Workers("redis-nodes", 16)
         self._refreshing: Future[None] | None = None
 
     def route(self, names: Sequence[str]) -> dict[str, list[int]]:
-        nodes = self._cluster.nodes_manager
+        nodes, slot = self._nodes, redis_module().crc.key_slot
         groups: dict[str, list[int]] = {}
         for i, name in enumerate(names):
             try:
-                node = nodes.get_node_from_slot(self._cluster.keyslot(name))
+                node = nodes.get_node_from_slot(slot(name.encode()))
             except redis_module().exceptions.SlotNotCoveredError:
                 continue
             groups.setdefault(node.name, []).append(i)
         return groups
 
     def client(self, node: str) -> Any:
-        found = self._cluster.get_node(node_name=node)
+        found = self._nodes.get_node(node_name=node)
         if found is None:  # a node learnt from a redirection only
             host, _, port = node.rpartition(":")
             found = redis_module().cluster.ClusterNode(host, int(port))
-        return self._cluster.get_redis_connection(found)
+        if found.redis_connection is None:
+            with self._lock:
+                if found.redis_connection is None:
+                    self._nodes.create_redis_connections([found])
+        return found.redis_connection
 
     def redirected(self, error: Exception) -> str | None:
         redis = redis_module()
@@ -236,7 +247,7 @@ class ClusterLink:
     def _moved(self, error: Exception) -> None:
         """Point the slot of a ``MOVED`` reply at its new node (redis-py >= 6 does it in
         place; older ones re-read the whole slot map)."""
-        nodes = self._cluster.nodes_manager
+        nodes = self._nodes
         if hasattr(nodes, "move_slot"):
             nodes.move_slot(error)
         else:
@@ -250,7 +261,7 @@ class ClusterLink:
     def _refresh(self) -> None:
         redis = redis_module()
         try:
-            self._cluster.nodes_manager.initialize()
+            self._nodes.initialize()
         except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
             _log.debug("redis cluster: slot map not refreshed: %s", e)  # kept as it was
 
@@ -263,7 +274,7 @@ class ClusterLink:
 
     def close(self) -> None:
         self._jobs.close()
-        self._cluster.close()
+        self._nodes.reset()
 
 
 class Nodes:
