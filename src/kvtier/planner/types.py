@@ -60,6 +60,12 @@ class PlannedCopy:
     block_ids: tuple[int, ...]
     first_block: int = 0
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled through the constructor: vLLM sends it between processes, and the
+        compiled build's frozen classes refuse the default pickle's attribute writes."""
+        return (PlannedCopy, (self.group, self.chunk, self.key, self.slot, self.block_ids,
+                              self.first_block))
+
 
 @dataclass(frozen=True)
 class TransferJob:
@@ -69,6 +75,11 @@ class TransferJob:
     request_id: str
     direction: Literal["load", "store"]
     copies: tuple[PlannedCopy, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled through the constructor: vLLM sends it between processes, and the
+        compiled build's frozen classes refuse the default pickle's attribute writes."""
+        return (TransferJob, (self.id, self.request_id, self.direction, self.copies))
 
 
 @dataclass(frozen=True)

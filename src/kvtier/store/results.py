@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 from kvtier.keys import DIGEST_SIZE, TAG_SIZE, ChunkKey
 
@@ -118,6 +118,11 @@ class StoreEvent:
     slot: int
     tier: str = "host"
     """The tier the chunk was stored in or dropped from (``host``, ``disk``, ...)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled through the constructor: vLLM sends it between processes, and the
+        compiled build's frozen classes refuse the default pickle's attribute writes."""
+        return (StoreEvent, (self.kind, self.key, self.slot, self.tier))
 
 
 Subscriber = Callable[[StoreEvent], None]

@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvtier import coverage
 from kvtier.boundaries import BoundaryMode
@@ -79,6 +80,11 @@ class StepPlan:
     flush: tuple[int, ...] = ()
     promotes: tuple[Promotion, ...] = ()
     demotions: tuple[Demotion, ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled through the constructor: vLLM sends it between processes, and the
+        compiled build's frozen classes refuse the default pickle's attribute writes."""
+        return (StepPlan, (self.loads, self.stores, self.flush, self.promotes, self.demotions))
 
 
 @dataclass
