@@ -34,13 +34,14 @@ HAVE_CLUSTER_TOOLS = REDIS_SERVER is not None and REDIS_CLI is not None
 _BUS_OFFSET = 10000  # a node's cluster bus listens on its port + 10000
 
 
-def _poll(condition: Callable[[], bool], timeout_s: float) -> bool:
-    """Whether ``condition()`` became true within ``timeout_s`` (a bounded poll)."""
+def poll(condition: Callable[[], bool], timeout_s: float, step_s: float = 0.02) -> bool:
+    """Whether ``condition()`` became true within ``timeout_s`` (a bounded poll of a real
+    process or server, every ``step_s``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if condition():
             return True
-        time.sleep(0.02)
+        time.sleep(step_s)
     return condition()
 
 
@@ -93,7 +94,7 @@ class ClusterNode:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         self.paused = False
-        if not _poll(lambda: self.query("PING") is not None, timeout_s=10.0):
+        if not poll(lambda: self.query("PING") is not None, timeout_s=10.0):
             raise RuntimeError(f"redis-server did not answer PING on port {self.port}")
 
     @property
@@ -182,7 +183,7 @@ class LocalRedisCluster:
         """Poll until every running, unpaused node says ``cluster_state:ok`` and agrees on
         who serves every slot that a running node serves."""
         live = [n for n in self.nodes if n.running and not n.paused]
-        if not _poll(lambda: all(n.state_ok() for n in live) and self._agreed(live),
+        if not poll(lambda: all(n.state_ok() for n in live) and self._agreed(live),
                      timeout_s):
             raise RuntimeError(f"cluster not ok after {timeout_s} s")
 
@@ -199,14 +200,14 @@ class LocalRedisCluster:
                        info.get("master_repl_offset") for r in replicas)
 
         live = [n for n in self.nodes if n.running and not n.paused]
-        if not _poll(lambda: all(synced(n) for n in live), timeout_s):
+        if not poll(lambda: all(synced(n) for n in live), timeout_s):
             raise RuntimeError(f"replicas not in sync after {timeout_s} s")
 
     def wait_failover(self, index: int, timeout_s: float = 30.0) -> None:
         """Poll until no slot is served by killed master ``index`` any more (one of its
         replicas took over) and the cluster is ok."""
         port = self.nodes[index].port
-        if not _poll(lambda: port not in (self._owners(self._any_live()) or {port: port})
+        if not poll(lambda: port not in (self._owners(self._any_live()) or {port: port})
                      .values(), timeout_s):
             raise RuntimeError(f"no replica took over from node {port} in {timeout_s} s")
         self.wait_ok(timeout_s)

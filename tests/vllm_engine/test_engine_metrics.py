@@ -15,9 +15,8 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
+from redis_cluster import poll
+
 pytestmark = pytest.mark.vllm_engine
 
 PROMPT_TOKENS = 300
@@ -49,16 +50,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], bool], deadline_s: float, step_s: float = 0.2) -> bool:
-    """Poll ``condition`` until it holds or ``deadline_s`` passes."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(step_s)
-    return condition()
 
 
 # ---- vllm serve ------------------------------------------------------------------------
@@ -130,7 +121,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("serve")
     srv = Server(tiny_models.llama(root / "llama"), root / "serve.log")
     try:
-        if not wait_for(srv.healthy, SERVE_START_S, step_s=1.0):
+        if not poll(srv.healthy, SERVE_START_S, step_s=1.0):
             raise RuntimeError(f"vllm serve not healthy in {SERVE_START_S} s:\n{srv.tail()}")
         yield srv
     finally:
@@ -151,7 +142,7 @@ def test_vllm_serve_metrics_show_kvtier_counters_moving(server: Server) -> None:
     def hit_counted() -> bool:
         return kvtier(server.metrics(), "kvtier_planner_hit_tokens_total", tier="host") >= HIT
 
-    assert wait_for(hit_counted, 60.0), server.tail()
+    assert poll(hit_counted, 60.0), server.tail()
     after = server.metrics()
     assert kvtier(after, "kvtier_planner_hit_tokens_total", tier="host") == HIT
     assert kvtier(after, "kvtier_planner_lookups_total", outcome="hit") == 1
@@ -256,7 +247,7 @@ def test_kv_events_name_exactly_the_chunks_host_memory_holds(tmp_path: Path) -> 
             live, removed = kvtier_chunks(events)
             return len(live) == len(store) and len(removed) >= 1
 
-        assert wait_for(settled, 30.0), (len(store), kvtier_chunks(events))
+        assert poll(settled, 30.0), (len(store), kvtier_chunks(events))
         live, removed = kvtier_chunks(events)
         assert len(live) == len(store) == 3 and len(removed) == 1
         assert all(s.readable for s in store.lookup(sorted(live)))
@@ -290,7 +281,7 @@ def test_kv_events_name_exactly_the_chunks_the_disk_tier_holds(tmp_path: Path) -
             live, _ = kvtier_chunks(events, "STORAGE")
             return bool(live) and live == on_disk()
 
-        assert wait_for(settled, 60.0), (on_disk(), kvtier_chunks(events, "STORAGE"))
+        assert poll(settled, 60.0), (on_disk(), kvtier_chunks(events, "STORAGE"))
         live, _ = kvtier_chunks(events, "STORAGE")
         assert len(live) == 1  # the host eviction, written back
         host_removed = kvtier_chunks(events)[1]
@@ -300,7 +291,7 @@ def test_kv_events_name_exactly_the_chunks_the_disk_tier_holds(tmp_path: Path) -
         # the worker's disk counters reached vLLM's Prometheus metrics (this process's)
         written = {"kvtier_chunks_stored_total": 1, "kvtier_bytes_stored_total": CHUNK_BYTES,
                    "kvtier_store_seconds_count": 1}
-        assert wait_for(lambda: {n: scraped(n, tier="disk") for n in written} == written, 30.0)
+        assert poll(lambda: {n: scraped(n, tier="disk") for n in written} == written, 30.0)
         assert scraped("kvtier_evictions_total", tier="host") == 1
     finally:
         engine.close()
