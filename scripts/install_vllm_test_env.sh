@@ -58,7 +58,7 @@ PY
 
 "${PIP[@]}" -c "$WORK/constraints.txt" --no-deps -e "$REPO"
 # redis: the connector's shared tier in the scheduler tests.
-"${PIP[@]}" -c "$WORK/constraints.txt" "redis>=5.0" "mypy_extensions>=1.0" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+"${PIP[@]}" -c "$WORK/constraints.txt" "redis>=5.0" "isal>=1.0" "mypy_extensions>=1.0" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
 
 VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c \
     "import vllm, kvtier, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -4,18 +4,20 @@ dtype wrote, whatever namespace the caller passes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tier_helpers import GEOMETRY, SLOT, Clock, key
+from tier_helpers import GEOMETRY, SLOT, Clock, key, payload
 
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Group, Layout
 from kvtier.store import ChunkState, ChunkStore, HostSlab, StoreHandle
 from kvtier.store.config import DiskConfig, HostConfig, TierConfig, WritePolicy
 from kvtier.store.disk import DiskTier
-from kvtier.store.record import HEADER_BYTES, geometry_of
+from kvtier.store.record import CRC32_BY, HEADER_BYTES, geometry_of
 from kvtier.store.tiered import TieredStore
 
 SHORT = 10
@@ -115,3 +117,49 @@ def test_the_same_layout_is_served(tmp_path: Path) -> None:
         load = store.prepare_load([written])
         assert store.backend.read(load.slots[0])[:256] == b"\x07" * 256
         store.complete_load(load)
+
+
+# ---- one checksum, whichever library computes it ------------------------------------------
+
+WRITE_AND_READ = """
+import sys
+if sys.argv[1] == "zlib":
+    sys.modules["isal"] = None  # a process without the fast extra
+sys.path.insert(0, sys.argv[2])
+from tier_helpers import GEOMETRY, SLOT, items, key
+from kvtier.store.disk import DiskTier
+from kvtier.store.record import CRC32_BY
+tier = DiskTier(sys.argv[3], 64 * SLOT, SLOT, geometry=GEOMETRY)
+if sys.argv[4] == "put":
+    assert tier.put(items(["shared"])) == [key("shared")]
+else:
+    got = tier.get([key("shared")])
+    print(CRC32_BY, bytes(got[key("shared")]).hex() if got else "miss", tier.stats.corrupt)
+tier.close()
+"""
+
+
+def crc_process(by: str, path: Path, action: str) -> list[str]:
+    """Run a process whose records' checksum ``by`` computes ("zlib": isal blocked) over the
+    disk tier at ``path``: ``put`` stores chunk "shared", ``get`` prints what it reads."""
+    here = str(Path(__file__).parent)
+    out = subprocess.run([sys.executable, "-c", WRITE_AND_READ, by, here, str(path), action],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.split()
+
+
+@pytest.mark.skipif(CRC32_BY != "isal", reason="needs the fast extra (isal) installed")
+@pytest.mark.parametrize(("writer", "reader"), [("isal", "zlib"), ("zlib", "isal")])
+def test_a_record_checksummed_by_one_library_reads_in_a_process_with_the_other(
+    tmp_path: Path, writer: str, reader: str
+) -> None:
+    """The fast extra changes the speed, not the record: a fleet mixing processes with and
+    without it shares records, and a flipped byte fails whichever library checks it."""
+    crc_process(writer, tmp_path, "put")
+    assert crc_process(reader, tmp_path, "get") == [reader, payload("shared").hex(), "0"]
+    chunk = tmp_path / "chunks" / key("shared").hex()
+    assert chunk.is_file()
+    raw = bytearray(chunk.read_bytes())
+    raw[HEADER_BYTES + 100] ^= 0x01
+    chunk.write_bytes(raw)
+    assert crc_process(reader, tmp_path, "get") == [reader, "miss", "1"]
