@@ -74,7 +74,8 @@ def ext_modules() -> list:
     from mypyc.build import mypycify  # the backend put mypy in the build environment
 
     native = [] if native_declined() else [NATIVE]
-    return [*mypycify(COMPILED, opt_level="3", debug_level="0"), *native]
+    config = ["--config-file", str(Path(__file__).resolve().parent / "build_backend" / "mypyc.ini")]
+    return [*mypycify([*config, *COMPILED], opt_level="3", debug_level="0"), *native]
 
 
 setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt})

@@ -11,8 +11,10 @@ runs it against both).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
+import setuptools.build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F403  (the PEP 517 hooks we do not change)
 
 MYPYC = ["mypy==2.4.1", "numpy>=1.24,<3"]
@@ -21,7 +23,14 @@ and numpy, whose type stubs mypyc needs to check the modules that name numpy typ
 it ``npt.NDArray`` is unknown and the build fails while preparing metadata)."""
 
 
+_METADATA_ONLY = "_KVTIER_METADATA_ONLY"
+"""Set while the backend prepares metadata only: nothing is compiled for that."""
+
+
 def compile_requested() -> bool:
+    """``KVTIER_COMPILE=1``, outside a metadata-only step (``compile`` in setup.py)."""
+    if os.environ.get(_METADATA_ONLY):
+        return False
     return os.environ.get("KVTIER_COMPILE", "").strip().lower() in {"1", "true", "yes"}
 
 
@@ -43,3 +52,29 @@ def get_requires_for_build_wheel(config_settings: Any = None) -> list[str]:
 
 def get_requires_for_build_editable(config_settings: Any = None) -> list[str]:
     return _extra()
+
+
+
+def prepare_metadata_for_build_wheel(
+    metadata_directory: str, config_settings: Any = None
+) -> str:
+    """setuptools' hook, without mypyc: the metadata does not depend on what is compiled,
+    and analysing the modules for it would double a compiled build's time."""
+    return _metadata_only(_setuptools.prepare_metadata_for_build_wheel, metadata_directory,
+                          config_settings)
+
+
+def prepare_metadata_for_build_editable(
+    metadata_directory: str, config_settings: Any = None
+) -> str:
+    """As ``prepare_metadata_for_build_wheel``, for ``pip install -e``."""
+    return _metadata_only(_setuptools.prepare_metadata_for_build_editable, metadata_directory,
+                          config_settings)
+
+
+def _metadata_only(hook: Callable[[str, Any], str], directory: str, settings: Any) -> str:
+    os.environ[_METADATA_ONLY] = "1"
+    try:
+        return hook(directory, settings)
+    finally:
+        del os.environ[_METADATA_ONLY]

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import numpy as np
 import torch
 
-Slot = torch.Tensor | np.ndarray
+Slot: TypeAlias = torch.Tensor | np.ndarray
 """A slot buffer: a 1-D, contiguous, uint8 CPU tensor (pinned on CUDA hosts) or ndarray."""
 
-SlotRef = Slot | int
+SlotRef: TypeAlias = Slot | int
 """What a copy names its slot by: a buffer, or the index of a row of the slab registered
 with the engine (``TransferEngine(..., slab=rows)``), the faster way (no buffer per copy to
 check)."""
