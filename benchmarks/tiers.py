@@ -52,9 +52,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kvtier.buildinfo import describe
 from kvtier.keys import ChunkKey
 from kvtier.store.disk import DiskTier
-from kvtier.store.record import HEADER_BYTES
+from kvtier.store.record import CRC32_BY, HEADER_BYTES
 from kvtier.store.remote import RedisTier
 from kvtier.store.seal import AeadSeal, MacSeal, Seal, Secret
 
@@ -399,7 +400,9 @@ def main() -> None:
     print_seal_table(figures)
     met = None if args.seals_only else all(figures[name] >= target
                                            for name, target in TARGETS.items())
-    print(json.dumps({"benchmark": "tiers", "figures": figures, "targets": TARGETS, "met": met}))
+    print(f"build: {describe()}; records' CRC-32 by {CRC32_BY} (the fast extra: isal)")
+    print(json.dumps({"benchmark": "tiers", "build": describe(), "crc32": CRC32_BY,
+                      "figures": figures, "targets": TARGETS, "met": met}))
 
 
 if __name__ == "__main__":

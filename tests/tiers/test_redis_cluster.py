@@ -187,6 +187,45 @@ def test_a_paused_master_costs_one_socket_timeout_at_most(
     assert tier.healthy
 
 
+def test_two_paused_masters_cost_one_socket_timeout_together(
+    redis_cluster: LocalRedisCluster, tier_on: TierOn, clock: Clock
+) -> None:
+    """Reads ask every master from one thread: still, the masters that stall share one
+    timeout, when their connections are open and when they must be made anew."""
+    timeout_s = 1.5
+    tier = tier_on(redis_cluster, timeout_s=timeout_s)
+    tier.put(items(NAMES))
+    owner = owners(tier, redis_cluster)
+    alive, *paused = redis_cluster.masters()
+    for m in paused:
+        redis_cluster.pause(m)
+    served = sorted(n for n in NAMES if owner[n] == alive)
+
+    for round_ in ("open connections", "new connections after the backoff"):
+        start = time.monotonic()
+        found = got(tier, NAMES)
+        stalled = time.monotonic() - start
+        # one after the other they would take two timeouts at least
+        assert timeout_s * 0.9 <= stalled < 2 * timeout_s, (round_, stalled)
+        assert all(found[n] == payload(n) for n in found) and set(found) <= set(served)
+        if round_ == "open connections":
+            assert sorted(found) == served
+        # (later the live master, cut off from the majority for cluster-node-timeout, says
+        # CLUSTERDOWN itself: Redis Cluster's rule, a miss for its names too)
+        last = (tier.last_error or "").lower()
+        assert tier.stats.errors >= 2 and ("does not answer" in last or "cluster is down" in last)
+        clock.now += 1.1  # the backoff (1 s) ends: the next call reconnects
+
+    for m in paused:
+        redis_cluster.resume(m)
+
+    def healed() -> bool:  # once the cluster has healed, nothing was lost
+        clock.now += 10.0  # past any backoff
+        return got(tier, NAMES) == {n: payload(n) for n in NAMES}
+
+    assert poll(healed, timeout_s=30.0)
+
+
 def test_a_moved_slot_is_followed(redis_cluster: LocalRedisCluster, tier_on: TierOn) -> None:
     tier = tier_on(redis_cluster)
     tier.put(items(NAMES))  # the tier learns the slot map now

@@ -2,7 +2,7 @@
 
 A *link* says which node holds each name of a call (``route``) and hands out a redis-py
 client per node (``client``). ``ServerLink`` has one node that holds everything;
-``ClusterLink`` asks redis-py's ``RedisCluster`` for the cluster's slot map (a name's hash
+``ClusterLink`` asks redis-py's ``NodesManager`` for the cluster's slot map (a name's hash
 slot, CRC16 mod 16384, decides its node) and follows it as it changes. Valkey speaks the
 same protocol, so both serve Valkey too.
 
@@ -10,9 +10,11 @@ same protocol, so both serve Valkey too.
 
 1. split the call's names by node; a node backing off is not contacted (its names are
    ``UNREACHED``, counted once in ``stats.skipped``);
-2. send one pipeline per node, all nodes at once on a cluster (one thread per node), so
-   a call lasts as long as its slowest node, and a stalled node at most one socket
-   timeout (``timeout_s``; redis-py's own retries are off);
+2. send one pipeline per node, all nodes at once on a cluster, so a call lasts as long
+   as its slowest node, and stalled nodes at most one socket timeout (``timeout_s``;
+   redis-py's own retries are off): writes from one thread per node (each checksums and
+   sends its megabytes), reads and other small commands from the calling thread, every
+   node's requests first, then the replies as they arrive (``kvtier.store.redis_each``);
 3. follow ``MOVED`` (the slot moved for good: the slot map is updated) and ``ASK`` (the
    slot is migrating: ``ASKING`` first) replies once, to the node they name;
 4. a node that fails (refused, timed out, wrong password) leaves its names ``UNREACHED``,
@@ -38,12 +40,9 @@ from urllib.parse import urlsplit
 
 from kvtier.store.config import check_number
 from kvtier.store.lower import TierStats, Workers
+from kvtier.store.redis_each import Each, Faults, Reply, run_each
 
 _log = logging.getLogger("kvtier.store.remote")  # the tier's: its users filter by it
-
-Reply = bytes | int | None | Exception
-"""One command's reply for one name: a value, None (no such key), or an error."""
-
 
 class Unreached(Exception):
     """In place of the reply for a name whose node was not reached (down, backing off, no
@@ -53,8 +52,9 @@ class Unreached(Exception):
 UNREACHED = Unreached("the node holding this key was not reached")
 
 Command = Callable[[Any, Sequence[int], bool], list[Reply]]
-"""Sends one node's share of a call: ``command(client, indexes, asking)`` returns one
-reply per index (``asking``: send ``ASKING`` before each, for an ``ASK`` redirection)."""
+"""Sends one node's share of a call on its own thread: ``command(client, indexes, asking)``
+returns one reply per index (``asking``: send ``ASKING`` before each, for an ``ASK``
+redirection). Small commands are an ``Each`` instead (``kvtier.store.redis_each``)."""
 
 CONNECT = "(connect)"
 """The health entry of the link itself: building it (a cluster's first topology) failed."""
@@ -283,9 +283,10 @@ class Nodes:
 
     def __init__(
         self, open_link: Callable[[], Link], backoff: Backoff, clock: Callable[[], float],
-        stats: TierStats, where: str,
+        stats: TierStats, where: str, timeout_s: float,
     ) -> None:
         self._open, self.stats, self.where = open_link, stats, where
+        self.timeout_s = timeout_s
         self.health = Health(backoff, clock)
         self.last_error: str | None = None
         """Why the last failed call or refused reply failed (one line, no secret)."""
@@ -299,7 +300,7 @@ class Nodes:
             return self.health.up(CONNECT)
         return any(self.health.up(node) for node in link.route([name]))
 
-    def call(self, names: Sequence[str], command: Command) -> list[Reply]:
+    def call(self, names: Sequence[str], command: Command | Each) -> list[Reply]:
         """``command``'s reply for each of ``names``, ``UNREACHED`` where its node was not
         reached (module docstring)."""
         replies: list[Reply] = [UNREACHED] * len(names)
@@ -327,17 +328,24 @@ class Nodes:
             return self._link
 
     def _send(
-        self, link: Link, groups: dict[tuple[str, bool], list[int]], command: Command,
+        self, link: Link, groups: dict[tuple[str, bool], list[int]], command: Command | Each,
         replies: list[Reply],
     ) -> None:
-        """One pipeline per node that is up, all at once; replies land in place."""
-        jobs: list[Callable[[], None]] = []
+        """Every node that is up at once; replies land in place."""
+        up: dict[tuple[str, bool], list[int]] = {}
         for (node, asking), indexes in groups.items():
             if self.health.up(node):
-                jobs.append(partial(self._one, link, node, asking, indexes, command, replies))
+                up[(node, asking)] = indexes
             else:
                 self.stats.add(skipped=1)
-        link.run(jobs)
+        failed = partial(self._node_failed, link)
+        if isinstance(command, Each):
+            faults = Faults(_faults(), redis_module().ResponseError)
+            run_each(command, up, link.client, link.run, faults, self.timeout_s,
+                     self.health.ok, failed, replies)
+            return
+        link.run([partial(self._one, link, node, asking, indexes, command, replies)
+                  for (node, asking), indexes in up.items()])
 
     def _one(
         self, link: Link, node: str, asking: bool, indexes: list[int], command: Command,
@@ -346,12 +354,15 @@ class Nodes:
         try:
             got = command(link.client(node), indexes, asking)
         except _faults() as e:
-            self._failed(node, e)
-            link.failed(node)
+            self._node_failed(link, node, e)
             return
         self.health.ok(node)
         for i, reply in zip(indexes, got, strict=True):
             replies[i] = reply
+
+    def _node_failed(self, link: Link, node: str, error: BaseException) -> None:
+        self._failed(node, error)
+        link.failed(node)
 
     def _redirects(self, link: Link, replies: list[Reply]) -> dict[tuple[str, bool], list[int]]:
         """(node, asking) -> indexes, for the replies that are ``MOVED`` or ``ASK``."""

@@ -51,6 +51,7 @@ from kvtier.store.redis_conn import (
     Unreached,
     redis_module,
 )
+from kvtier.store.redis_each import Each, checkout
 from kvtier.store.redis_options import (
     DEFAULT_URL,
     MAX_TIMEOUT_S,
@@ -95,7 +96,7 @@ class RedisTier(AsyncTwins):
         self.backoff = backoff or Backoff()
         self.stats = TierStats(self.name)
         self._workers = Workers(self.name, workers)
-        self._nodes = Nodes(opened, self.backoff, clock, self.stats, self.url)
+        self._nodes = Nodes(opened, self.backoff, clock, self.stats, self.url, timeout_s)
 
     # ---- health ------------------------------------------------------------------------
 
@@ -132,7 +133,7 @@ class RedisTier(AsyncTwins):
             return {}
         start = time.perf_counter()
         names = [self._name(k) for k in keys]
-        values = self._nodes.call(names, _each("GET", names))
+        values = self._nodes.call(names, Each("GET", names))
         if _none_reached(values):
             self.stats.add(misses=len(keys))
             return {}
@@ -155,7 +156,7 @@ class RedisTier(AsyncTwins):
             return []
         names = [self._name(k) for k in keys]
         return [n is True or (isinstance(n, int) and n > 0)
-                for n in self._nodes.call(names, _each("EXISTS", names))]
+                for n in self._nodes.call(names, Each("EXISTS", names))]
 
     def _verify(
         self, keys: Sequence[ChunkKey], values: list[Reply]
@@ -211,7 +212,7 @@ class RedisTier(AsyncTwins):
         """Delete ``keys`` on the server (best effort: a failed call is only counted)."""
         if keys:
             names = [self._name(k) for k in keys]
-            self._nodes.call(names, _each("DEL", names))
+            self._nodes.call(names, Each("DEL", names))
 
     def set_demote(self, demote: Demote | None) -> None:
         """The last tier: the server evicts by its own policy, nothing goes further down."""
@@ -242,23 +243,6 @@ def _address(
         raise ValueError("redis tier: give url (one server) or cluster_nodes, not both")
     urls = check_cluster_nodes(cluster_nodes, "redis tier: cluster_nodes", **where)
     return (lambda: ClusterLink(urls, options)), "cluster " + ", ".join(map(redact, urls))
-
-
-def _each(command: str, names: Sequence[str]) -> Callable[[Any, Sequence[int], bool], list[Reply]]:
-    """A ``Command`` sending ``command <name>`` for each of ``names`` it is given, in one
-    pipeline (``ASKING`` before each when redirected so); a reply the server refuses (a
-    list under the name) stays in its place as the exception, so it costs its key only."""
-
-    def send(client: Any, indexes: Sequence[int], asking: bool) -> list[Reply]:
-        pipe = client.pipeline(transaction=False)
-        for i in indexes:
-            if asking:
-                pipe.execute_command("ASKING")
-            pipe.execute_command(command, names[i])
-        replies = list(pipe.execute(raise_on_error=False))
-        return replies[1::2] if asking else replies
-
-    return send
 
 
 def _none_reached(replies: Sequence[Reply]) -> bool:
@@ -295,7 +279,7 @@ def _set_many(
     have arrived. Any failure closes the connection, so the server drops a command cut short
     and the pool never gets back a connection with replies left unread."""
     pool = client.connection_pool
-    conn = _checkout(pool)
+    conn = checkout(pool)
     try:
         ask = [_ASKING] if asking else []
         conn.send_packed_command([b for r in records for b in (*ask, *_set_command(*r, ttl_s))])
@@ -336,14 +320,6 @@ def _set_command(
     head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s" % (
         3 + len(extra), len(name), name, len(header) + payload.nbytes, header)
     return head, payload, b"\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in extra)
-
-
-def _checkout(pool: Any) -> Any:
-    """A connection of ``pool``, handed back with ``pool.release``."""
-    try:
-        return pool.get_connection()
-    except TypeError:  # redis-py before 5.3 wants a command name
-        return pool.get_connection("SET")
 
 
 def _check(namespace: str, timeout_s: float, ttl_s: int | None) -> None:

@@ -1,0 +1,171 @@
+"""The tier's small commands (``GET``, ``EXISTS``, ``DEL``: one name each) on every node of
+a call from the calling thread, the replies read as they arrive.
+
+A read's cost is the replies: megabytes per node, parsed by redis-py in Python. One thread
+per node, as writes use (``Nodes``), makes those threads contend for the GIL while they
+parse, and a cluster read then ran at 0.8 of a bare redis-py cluster pipeline, which reads
+its nodes one after another from one thread. Here, as there, the requests (a few bytes per
+name) go to every node first, and every node works on its share while the replies of the
+first are read; unlike there, nodes that do not answer cost at most one ``timeout_s`` for
+the whole call, however many of them stall:
+
+1. take a connection of each node, in parallel where there are several (``Link.run``: a
+   connection may have to be made, and a stalled node's handshake times out alone);
+2. write each node's commands (``ASKING`` before each for an ``ASK`` redirection);
+3. read whichever node's socket has data first, all of that node's replies, until every
+   node has answered or ``timeout_s`` has passed since the last request went out; a node
+   still silent then has failed, as has one whose connection breaks.
+
+A failed node's connection is closed, so no reply left unread is ever taken for another
+command's; a reply refused for one name (``WRONGTYPE``, ``MOVED``, ``ASK``) stays in place.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+Reply = bytes | int | None | Exception
+"""One command's reply for one name: a value, None (no such key), or an error."""
+
+Failed = Callable[[str, BaseException], None]
+"""What to do with a node that failed (count it, back off, refresh the slot map)."""
+
+
+@dataclass(frozen=True)
+class Each:
+    """``command <name>`` for each of ``names`` a call gives a node (by index)."""
+
+    command: str
+    names: Sequence[str]
+
+    def pack(self, conn: Any, indexes: Sequence[int], asking: bool) -> list[bytes]:
+        """The wire bytes of the commands for ``indexes`` (``ASKING`` before each if
+        ``asking``)."""
+        ask: list[tuple[str, ...]] = [("ASKING",)] if asking else []
+        commands = [c for i in indexes for c in (*ask, (self.command, self.names[i]))]
+        return list(conn.pack_commands(commands))
+
+
+@dataclass
+class _Share:
+    """One node's part of a call: its indexes, its connection, and its replies so far."""
+
+    node: str
+    asking: bool
+    indexes: list[int]
+    pool: Any = None
+    conn: Any = None
+    got: list[Reply] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What a failed node raises (``node``), and what a reply refused for one name raises
+    (``reply``, a subclass of some of ``node``: caught first)."""
+
+    node: tuple[type[BaseException], ...]
+    reply: type[Exception]
+
+
+def run_each(
+    each: Each, groups: dict[tuple[str, bool], list[int]], client: Callable[[str], Any],
+    run: Callable[[Sequence[Callable[[], None]]], None], faults: Faults, timeout_s: float,
+    ok: Callable[[str], None], failed: Failed, replies: list[Reply],
+) -> None:
+    """Send ``each`` to every (node, asking) of ``groups`` and put each node's replies in
+    ``replies`` (module docstring). ``client(node)`` is a node's redis-py client, ``run``
+    runs jobs in parallel; ``ok`` and ``failed`` are told each node's outcome."""
+    shares = [_Share(node, asking, indexes) for (node, asking), indexes in groups.items()]
+    run([partial(_connect, share, client, faults, failed) for share in shares])
+    sent = []
+    for share in shares:
+        if share.conn is None:
+            continue
+        try:
+            share.conn.send_packed_command(each.pack(share.conn, share.indexes, share.asking))
+        except faults.node as e:
+            _close(share, failed, e)
+            continue
+        sent.append(share)
+    _receive(sent, faults, timeout_s, failed)
+    for share in sent:
+        if share.conn is not None:
+            share.pool.release(share.conn)
+            ok(share.node)
+            for i, reply in zip(share.indexes, share.got, strict=True):
+                replies[i] = reply
+
+
+def _connect(
+    share: _Share, client: Callable[[str], Any], faults: Faults, failed: Failed
+) -> None:
+    try:
+        share.pool = client(share.node).connection_pool
+        share.conn = checkout(share.pool)
+    except faults.node as e:
+        failed(share.node, e)
+
+
+def _receive(shares: list[_Share], faults: Faults, timeout_s: float, failed: Failed) -> None:
+    """Read every share's replies as its socket becomes readable, for ``timeout_s`` at most
+    from now (one node's replies, once started, are read to the end)."""
+    deadline = time.monotonic() + timeout_s
+    waiting: dict[int, _Share] = {}
+    with selectors.DefaultSelector() as sel:
+        for share in shares:
+            sock = getattr(share.conn, "_sock", None)  # redis-py's socket, once connected
+            if sock is None:  # not a socket this redis-py exposes: read it in turn
+                _read_all(share, faults, failed)
+            else:
+                sel.register(sock, selectors.EVENT_READ, share)
+                waiting[id(share)] = share
+        while waiting:
+            ready = sel.select(max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for selected, _ in ready:
+                sel.unregister(selected.fileobj)
+                _read_all(selected.data, faults, failed)
+                waiting.pop(id(selected.data))
+    for share in waiting.values():
+        _close(share, failed, TimeoutError(f"no reply within timeout_s ({timeout_s:g} s)"))
+
+
+def _read_all(share: _Share, faults: Faults, failed: Failed) -> None:
+    """All of ``share``'s replies (an ``ASKING`` reply before each, dropped)."""
+    try:
+        for _ in share.indexes:
+            if share.asking:
+                share.conn.read_response()
+            share.got.append(_reply(share.conn, faults.reply))
+    except faults.node as e:
+        _close(share, failed, e)
+
+
+def _reply(conn: Any, refused: type[Exception]) -> Reply:
+    try:
+        return conn.read_response()
+    except refused as e:
+        return e
+
+
+def _close(share: _Share, failed: Failed, error: BaseException) -> None:
+    """A failed node: its connection closed (nothing unread survives), then reported."""
+    if share.conn is not None:
+        share.conn.disconnect()
+        share.pool.release(share.conn)
+        share.conn = None
+    failed(share.node, error)
+
+
+def checkout(pool: Any) -> Any:
+    """A connection of ``pool``, handed back with ``pool.release``."""
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py before 5.3 wants a command name
+        return pool.get_connection("SET")
