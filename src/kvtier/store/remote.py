@@ -235,7 +235,8 @@ def _address(
     """How to open the tier's link (one server or a cluster), and its printable address;
     ``ValueError`` for a bad URL or node, or for both given."""
     where = {"username": login["username"] is not None, "password": login["password"] is not None}
-    options = {**login, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    options = {**login, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+               "socket_read_size": READ_SIZE}
     if cluster_nodes is None:
         url = check_url(DEFAULT_URL if url is None else url, "redis tier: url", **where)
         return (lambda: ServerLink(url, options)), redact(url)
@@ -259,6 +260,12 @@ def _wrong_type(error: Exception) -> bool:
     """Whether ``error`` says the name holds another Redis type than a string."""
     return str(error).startswith("WRONGTYPE")
 
+
+READ_SIZE = 1 << 20
+"""Bytes asked of the socket per read (redis-py's default: 64 KiB). A reply is megabytes;
+each read gives the GIL back and must win it again, which, beside a thread that holds it
+(an engine's stepping loop), takes up to the switch interval (5 ms): a promotion of 15 MiB
+waited a second in 64 KiB reads."""
 
 Outgoing = tuple[bytes, bytes, memoryview]
 """A chunk on its way to the server: its name, its record header and its payload."""
