@@ -139,16 +139,18 @@ def _receive(shares: list[_Share], faults: Faults, timeout_s: float, failed: Fai
 def _read_all(share: _Share, faults: Faults, failed: Failed) -> None:
     """All of ``share``'s replies (an ``ASKING`` reply before each, dropped)."""
     try:
-        for _ in share.indexes:
-            if share.asking:
-                share.conn.read_response()
-            share.got.append(_reply(share.conn, faults.reply))
+        share.got.extend(next_reply(share.conn, faults.reply, share.asking)
+                         for _ in share.indexes)
     except faults.node as e:
         _close(share, failed, e)
 
 
-def _reply(conn: Any, refused: type[Exception]) -> Reply:
+def next_reply(conn: Any, refused: type[Exception], asking: bool = False) -> Reply:
+    """The next command's reply on ``conn`` (after its ``ASKING``'s, if ``asking``); a
+    reply ``refused`` for its name (``ResponseError``) is returned in its place."""
     try:
+        if asking:
+            conn.read_response()
         return conn.read_response()
     except refused as e:
         return e

@@ -51,7 +51,7 @@ from kvtier.store.redis_conn import (
     Unreached,
     redis_module,
 )
-from kvtier.store.redis_each import Each, checkout
+from kvtier.store.redis_each import Each, checkout, next_reply
 from kvtier.store.redis_options import (
     DEFAULT_URL,
     MAX_TIMEOUT_S,
@@ -290,7 +290,9 @@ def _set_many(
     try:
         ask = [_ASKING] if asking else []
         conn.send_packed_command([b for r in records for b in (*ask, *_set_command(*r, ttl_s))])
-        return [_reply(conn, skip=len(ask)) for _ in records]
+        refused = redis_module().ResponseError
+        replies = [next_reply(conn, refused, asking) for _ in records]
+        return [r if isinstance(r, Exception) else None for r in replies]
     except BaseException:
         conn.disconnect()
         raise
@@ -299,18 +301,6 @@ def _set_many(
 
 
 _ASKING = b"*1\r\n$6\r\nASKING\r\n"
-
-
-def _reply(conn: Any, skip: int = 0) -> Exception | None:
-    """The next reply on ``conn`` after ``skip`` others (those of ``ASKING``): None if it
-    is not an error, the error otherwise."""
-    redis = redis_module()
-    try:
-        for _ in range(skip + 1):
-            conn.read_response()
-    except redis.ResponseError as e:
-        return e
-    return None
 
 
 def _set_command(
