@@ -20,7 +20,7 @@ of 8 chunks (one write-back or promotion batch):
 
 * sealed records: the same tier storing and loading the same chunks as plain records
   (crc32), as MAC records (HMAC-SHA256) and as encrypted records (AES-256-GCM), in turn,
-  in the same process (``kvtier.store.seal``); reported as plain time over sealed time
+  in the same process (``kvtier.tiers.records.seal``); reported as plain time over sealed time
   (``*_mac_write_ratio`` ...; 1.0 is free). Disk here skips fsync and reads from the page
   cache, so the ratio is the sealing's CPU cost where the medium is fastest: an upper
   bound of its relative cost on a real device.
@@ -54,10 +54,10 @@ from typing import Any
 
 from kvtier.buildinfo import describe
 from kvtier.keys import ChunkKey
-from kvtier.store.disk import DiskTier
-from kvtier.store.record import CRC32_BY, HEADER_BYTES
-from kvtier.store.remote import RedisTier
-from kvtier.store.seal import AeadSeal, MacSeal, Seal, Secret
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.records.format import CRC32_BY, HEADER_BYTES
+from kvtier.tiers.records.seal import AeadSeal, MacSeal, Seal, Secret
+from kvtier.tiers.redis.tier import RedisTier
 
 CHUNK = 2 << 20
 BATCH = 8

@@ -1,14 +1,16 @@
 """The public API is pinned: a change to it is a deliberate change to this test.
 
 Also the layering promises of DESIGN section 2: importing the contract loads nothing above
-it, and no two kvtier modules import each other at module level.
+it, dependencies between the rooms point one way, no two kvtier modules import each other
+(at module level, inside functions or for type checking alike), and no file is over 400
+lines.
 """
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,10 @@ PUBLIC = {
     "load_layout", "make_policy", "preset", "with_eagle", "with_mtp",
 }
 SRC = Path(kvtier.__file__).resolve().parent
-UPPER = ("kvtier.planner", "kvtier.store", "kvtier.transfer", "kvtier.replay",
+UPPER = ("kvtier.planner", "kvtier.store", "kvtier.tiers", "kvtier.transfer", "kvtier.replay",
          "kvtier.integrations", "kvtier.engine", "kvtier.cli")
+REPO = SRC.parent.parent
+MAX_LINES = 400
 
 
 def _loaded_after(statement: str) -> set[str]:
@@ -42,8 +46,8 @@ def test_all_is_pinned():
 def test_public_names_are_the_real_objects():
     from kvtier import coverage
     from kvtier.store import policies
-    from kvtier.store.config import TierConfig
-    from kvtier.store.tiered import TieredStore
+    from kvtier.tiers.config import TierConfig
+    from kvtier.tiers.tiered import TieredStore
 
     assert kvtier.coverage is coverage
     assert kvtier.TieredStore is TieredStore and kvtier.TierConfig is TierConfig
@@ -76,20 +80,21 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(path: Path, modules: set[str]) -> set[str]:
-    """kvtier modules imported when ``path`` runs (not inside functions or TYPE_CHECKING)."""
+def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """Every kvtier module ``path`` imports: at module level, inside functions, for type
+    checking, absolute or relative."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    tree = ast.parse(path.read_text())
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        stmts = node.body if isinstance(node, (ast.Try, ast.If)) else [node]
-        for stmt in stmts:
-            if isinstance(stmt, ast.Import):
-                found.update(a.name for a in stmt.names)
-            elif isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0:
-                found.add(stmt.module)
-                found.update(f"{stmt.module}.{a.name}" for a in stmt.names)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, module] if module else base)
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
     return {m for m in found if m in modules}
 
 
@@ -97,7 +102,7 @@ def _import_graph() -> dict[str, set[str]]:
     files = {_module_name(p): p for p in SRC.rglob("*.py")}
     graph = {}
     for name, path in files.items():
-        deps = _top_level_imports(path, set(files))
+        deps = _imports(path, name, set(files))
         # importing a.b.c first runs a and a.b; a module's own packages are already running
         graph[name] = {parent for d in deps for parent in _parents(d)} - {*_parents(name)}
     return graph
@@ -127,10 +132,51 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_module_level_import_cycles():
+def test_no_import_cycles():
     graph = _import_graph()
     assert len(graph) > 50
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_graph_sees_imports_inside_functions_and_for_type_checking():
+    graph = _import_graph()
+    assert "kvtier.cli.explain" in graph["kvtier.cli.main"]  # inside _commands()
+    assert "kvtier.tiers.records.seal" in graph["kvtier.tiers.records.format"]  # TYPE_CHECKING
+
+
+# room -> the rooms it may import (DESIGN section 2): planner -> tiers -> store -> contract,
+# the data plane beside the store
+ROOMS_BELOW = {
+    "kvtier.store": {"kvtier.store"},
+    "kvtier.transfer": {"kvtier.transfer"},
+    "kvtier.tiers": {"kvtier.tiers", "kvtier.store"},
+    "kvtier.planner": {"kvtier.planner", "kvtier.store", "kvtier.tiers"},
+}
+CONTRACT = {"kvtier", "kvtier.layout", "kvtier.keys", "kvtier.coverage", "kvtier.boundaries",
+            "kvtier.buildinfo", "kvtier.presets", "kvtier.layoutfile"}
+
+
+def _room(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS_BELOW))
+def test_dependencies_between_rooms_point_one_way(room):
+    allowed = ROOMS_BELOW[room] | CONTRACT
+    wrong = sorted(f"{name} -> {dep}" for name, deps in _import_graph().items()
+                   if _room(name) == room for dep in deps if _room(dep) not in allowed)
+    assert wrong == []
+
+
+def _long_files() -> list[str]:
+    files = [*SRC.rglob("*.py"), *(REPO / "benchmarks").glob("*.py")]
+    return sorted(f"{p.relative_to(REPO)}: {n}" for p in files
+                  if (n := len(p.read_text().splitlines())) > MAX_LINES)
+
+
+@pytest.mark.skipif(not (REPO / "benchmarks").is_dir(), reason="needs the source tree")
+def test_no_file_is_over_400_lines():
+    assert _long_files() == []
 
 
 def test_the_cycle_check_can_fail():
@@ -138,14 +184,9 @@ def test_the_cycle_check_can_fail():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_old_config_path_still_works_with_a_warning():
-    sys.modules.pop("kvtier.config", None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from kvtier.config import TierConfig
-    assert TierConfig is kvtier.TierConfig
-    assert any(issubclass(w.category, DeprecationWarning) and "kvtier.store.config"
-               in str(w.message) for w in caught)
+def test_the_old_config_path_is_gone():
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("kvtier.config")
 
 
 def test_version_names_the_build():

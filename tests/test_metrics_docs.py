@@ -15,9 +15,10 @@ from kvtier.keys import Namespace
 from kvtier.layout import Group, Layout
 from kvtier.metrics import register
 from kvtier.planner import Planner
-from kvtier.store import ChunkStore, HostSlab
-from kvtier.store.disk import DiskTier
-from kvtier.store.tiered import TieredStore
+from kvtier.store import ChunkStore
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.host import HostSlab
+from kvtier.tiers.tiered import TieredStore
 
 DOC = Path(__file__).parents[1] / "docs" / "metrics.md"
 ROW = re.compile(r"^\| `(kvtier_\w+)` \| (counter|histogram|gauge) \| ([^|]*) \| (.+) \|$")

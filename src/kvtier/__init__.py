@@ -48,12 +48,12 @@ _EXPORTS: dict[str, str] = {
     "TransferJob": "kvtier.planner",
     "ChunkState": "kvtier.store",
     "ChunkStore": "kvtier.store",
-    "HostSlab": "kvtier.store",
+    "HostSlab": "kvtier.tiers.host",
     "StoreRefusal": "kvtier.store",
     "POLICIES": "kvtier.store",
     "make_policy": "kvtier.store",
-    "TieredStore": "kvtier.store.tiered",
-    "TierConfig": "kvtier.store.config",
+    "TieredStore": "kvtier.tiers.tiered",
+    "TierConfig": "kvtier.tiers.config",
 }
 """Public name -> the module that defines it (``coverage`` is itself a module)."""
 
@@ -113,9 +113,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time each name loads on 
         POLICIES,
         ChunkState,
         ChunkStore,
-        HostSlab,
         StoreRefusal,
         make_policy,
     )
-    from kvtier.store.config import TierConfig
-    from kvtier.store.tiered import TieredStore
+    from kvtier.tiers.config import TierConfig
+    from kvtier.tiers.host import HostSlab
+    from kvtier.tiers.tiered import TieredStore

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvtier.layoutfile import GROUP_KEYS
-from kvtier.store.config import DiskConfig, HostConfig, RedisConfig, TierConfig
+from kvtier.tiers.config import DiskConfig, HostConfig, RedisConfig, TierConfig
 
 SCALE = int(os.environ.get("KVTIER_HOSTILE_SCALE", "1"))
 """More examples, randomized, for a longer campaign (``KVTIER_HOSTILE_SCALE=20``); the

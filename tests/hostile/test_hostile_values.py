@@ -14,7 +14,7 @@ from kvtier.planner import Planner
 from kvtier.replay.synth import SynthConfig, generate
 from kvtier.replay.timing import TimingModel
 from kvtier.store import ChunkStore, SlotAllocator
-from kvtier.store.host import HostSlab
+from kvtier.tiers.host import HostSlab
 
 NON_FINITE = [math.nan, math.inf, -math.inf]
 NAN_INF = [math.nan, math.inf]

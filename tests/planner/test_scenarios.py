@@ -227,9 +227,9 @@ def test_bad_calls():
 
 def test_planner_drives_any_store_of_the_protocol(tmp_path):
     from kvtier.store import ChunkStore
-    from kvtier.store.config import DiskConfig, HostConfig, TierConfig
     from kvtier.store.protocol import StoreProtocol
-    from kvtier.store.tiered import TieredStore
+    from kvtier.tiers.config import DiskConfig, HostConfig, TierConfig
+    from kvtier.tiers.tiered import TieredStore
 
     layout = Layout((Group("full", 16, bytes_per_token=4),))
     assert isinstance(ChunkStore(4), StoreProtocol)

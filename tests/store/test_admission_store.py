@@ -15,10 +15,10 @@ from kvtier.layout import Group, Layout
 from kvtier.planner import Outcome, Planner
 from kvtier.store import ChunkStore, StoreHandle, StoreRefusal
 from kvtier.store.admission import Admission, OfferWindow
-from kvtier.store.config import TierConfig
-from kvtier.store.metadata_tier import MetadataTier, NoBytes
 from kvtier.store.results import EventLog
-from kvtier.store.tiered import TieredStore
+from kvtier.tiers.config import TierConfig
+from kvtier.tiers.metadata import MetadataTier, NoBytes
+from kvtier.tiers.tiered import TieredStore
 
 
 def offer(store: ChunkStore | TieredStore, names: list[object]) -> StoreHandle:

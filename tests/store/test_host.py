@@ -7,8 +7,8 @@ import pytest
 from store_helpers import keys, store_ok
 
 from kvtier.layout import Group, Layout
-from kvtier.store import ChunkStore, HostSlab, SlotBackend, ZeroCopyBackend, slots_for_capacity
-from kvtier.store.host import cuda_available
+from kvtier.store import SlotBackend, ZeroCopyBackend
+from kvtier.tiers.host import HostSlab, cuda_available, host_store, slots_for_capacity
 
 LAYOUT = Layout(
     (
@@ -55,7 +55,7 @@ def test_tensor_view_shares_memory() -> None:
 
 
 def test_store_handles_name_slots_of_the_slab() -> None:
-    store = ChunkStore.host(LAYOUT, capacity_bytes=2 * 1024, pin_memory=False)
+    store = host_store(LAYOUT, capacity_bytes=2 * 1024, pin_memory=False)
     assert store.num_slots == 2 and isinstance(store.backend, HostSlab)
     handle = store.prepare_store(keys("a"))
     assert not isinstance(handle, type(None))
@@ -72,7 +72,7 @@ def test_capacity_smaller_than_one_slot_is_refused() -> None:
     with pytest.raises(ValueError, match=r"smaller than one slot \(1024 bytes"):
         HostSlab.for_layout(LAYOUT, capacity_bytes=1000)
     with pytest.raises(ValueError, match="smaller than one slot"):
-        ChunkStore.host(LAYOUT, capacity_bytes=1023)
+        host_store(LAYOUT, capacity_bytes=1023)
     assert slots_for_capacity(1024, 1024) == 1
 
 

@@ -17,9 +17,9 @@ from tier_helpers import (
     TierFactory,
 )
 
-from kvtier.store.disk import DiskTier
-from kvtier.store.lower import LowerTier
-from kvtier.store.remote import RedisTier
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.lower import LowerTier
+from kvtier.tiers.redis.tier import RedisTier
 from redis_cluster import HAVE_CLUSTER_TOOLS, LocalRedisCluster
 
 needs_redis = pytest.mark.skipif(

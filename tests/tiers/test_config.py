@@ -8,10 +8,10 @@ import pytest
 from tier_helpers import SLOT
 
 from kvtier.layout import Group, Layout
-from kvtier.store.config import DiskConfig, HostConfig, RedisConfig, TierConfig, parse_size
-from kvtier.store.disk import DiskTier
-from kvtier.store.remote import RedisTier
-from kvtier.store.tiered import TieredStore
+from kvtier.tiers.config import DiskConfig, HostConfig, RedisConfig, TierConfig, parse_size
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.redis.tier import RedisTier
+from kvtier.tiers.tiered import TieredStore
 
 TOML = """
 write_policy = "write-through"

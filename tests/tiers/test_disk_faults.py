@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tier_helpers import GEOMETRY, SLOT, ControlledWriter, items, key, payload
 
-from kvtier.store.disk import DiskTier
-from kvtier.store.record import HEADER_BYTES
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.records.format import HEADER_BYTES
 
 CHILD = Path(__file__).with_name("tier_child.py")
 

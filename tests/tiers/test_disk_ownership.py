@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from tier_helpers import GEOMETRY, SLOT, items, key, payload
 
-from kvtier.store.disk import DiskTier
-from kvtier.store.record import HEADER_BYTES
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.records.format import HEADER_BYTES
 
 
 def open_disk(path: Path, chunks: int = 3) -> DiskTier:

@@ -13,13 +13,14 @@ import pytest
 from tier_helpers import GEOMETRY, SLOT, Clock, ControlledWriter, key, payload
 
 from kvtier.keys import ChunkKey
-from kvtier.store import ChunkState, ChunkStore, HostSlab, StoreHandle
-from kvtier.store.config import WritePolicy
-from kvtier.store.disk import DiskTier
-from kvtier.store.lower import LowerTier
-from kvtier.store.record import HEADER_BYTES
-from kvtier.store.remote import RedisTier
-from kvtier.store.tiered import Placement, TieredStore
+from kvtier.store import ChunkState, ChunkStore, StoreHandle
+from kvtier.tiers.config import WritePolicy
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.host import HostSlab
+from kvtier.tiers.lower import LowerTier
+from kvtier.tiers.records.format import HEADER_BYTES
+from kvtier.tiers.redis.tier import RedisTier
+from kvtier.tiers.tiered import Placement, TieredStore
 
 A, W, R = ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY
 Stack = Callable[..., TieredStore]

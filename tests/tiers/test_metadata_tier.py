@@ -10,9 +10,10 @@ import pytest
 from tier_helpers import key
 
 from kvtier.keys import ChunkKey
-from kvtier.store import ChunkState, ChunkStore, StoreHandle, lower, metadata_tier
-from kvtier.store.metadata_tier import MetadataTier, NoBytes
-from kvtier.store.tiered import Placement, TieredStore
+from kvtier.store import ChunkState, ChunkStore, StoreHandle
+from kvtier.tiers import lower, metadata
+from kvtier.tiers.metadata import MetadataTier, NoBytes
+from kvtier.tiers.tiered import Placement, TieredStore
 
 A, R = ChunkState.ABSENT, ChunkState.READY
 
@@ -99,7 +100,7 @@ def test_bad_arguments_are_refused_with_a_message() -> None:
         TieredStore(host, placement="nowhere")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("module", [metadata_tier, lower])
+@pytest.mark.parametrize("module", [metadata, lower])
 def test_doctests(module: object) -> None:
     result = doctest.testmod(module)  # type: ignore[arg-type]
     assert result.failed == 0 and result.attempted > 0

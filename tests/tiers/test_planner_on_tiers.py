@@ -10,8 +10,8 @@ from tier_helpers import SLOT, Clock, payload
 from kvtier.keys import Namespace
 from kvtier.layout import Group, Layout
 from kvtier.planner import Outcome, Planner, TransferJob
-from kvtier.store.config import DiskConfig, HostConfig, TierConfig
-from kvtier.store.tiered import TieredStore
+from kvtier.tiers.config import DiskConfig, HostConfig, TierConfig
+from kvtier.tiers.tiered import TieredStore
 
 LAYOUT = Layout((Group("full", 16, bytes_per_token=SLOT // 16),))
 

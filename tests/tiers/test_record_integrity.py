@@ -14,11 +14,12 @@ from tier_helpers import GEOMETRY, SLOT, Clock, key, payload
 
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Group, Layout
-from kvtier.store import ChunkState, ChunkStore, HostSlab, StoreHandle
-from kvtier.store.config import DiskConfig, HostConfig, TierConfig, WritePolicy
-from kvtier.store.disk import DiskTier
-from kvtier.store.record import CRC32_BY, HEADER_BYTES, geometry_of
-from kvtier.store.tiered import TieredStore
+from kvtier.store import ChunkState, ChunkStore, StoreHandle
+from kvtier.tiers.config import DiskConfig, HostConfig, TierConfig, WritePolicy
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.host import HostSlab
+from kvtier.tiers.records.format import CRC32_BY, HEADER_BYTES, geometry_of
+from kvtier.tiers.tiered import TieredStore
 
 SHORT = 10
 
@@ -127,8 +128,8 @@ if sys.argv[1] == "zlib":
     sys.modules["isal"] = None  # a process without the fast extra
 sys.path.insert(0, sys.argv[2])
 from tier_helpers import GEOMETRY, SLOT, items, key
-from kvtier.store.disk import DiskTier
-from kvtier.store.record import CRC32_BY
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.records.format import CRC32_BY
 tier = DiskTier(sys.argv[3], 64 * SLOT, SLOT, geometry=GEOMETRY)
 if sys.argv[4] == "put":
     assert tier.put(items(["shared"])) == [key("shared")]

@@ -17,10 +17,10 @@ import pytest
 from tier_helpers import GEOMETRY, SLOT, Clock, RedisServer, free_port, items, key, payload
 
 from kvtier.cli.main import main
-from kvtier.store.config import HostConfig, RedisConfig, TierConfig
-from kvtier.store.redis_options import redact
-from kvtier.store.remote import RedisTier
-from kvtier.store.tiered import TIER_BUILDERS
+from kvtier.tiers.config import HostConfig, RedisConfig, TierConfig
+from kvtier.tiers.redis.options import redact
+from kvtier.tiers.redis.tier import RedisTier
+from kvtier.tiers.tiered import TIER_BUILDERS
 
 SECRET = "s3cr3t-Pw_42"
 WRONG = "Wr0ng-Pw_17"
@@ -105,7 +105,7 @@ def test_a_wrong_or_missing_password_says_authentication_failed(
 ) -> None:
     url = server.url if password is None else with_password(server, password)
     tier = RedisTier(url, geometry=GEOMETRY, clock=Clock())
-    with caplog.at_level(logging.WARNING, logger="kvtier.store.remote"):
+    with caplog.at_level(logging.WARNING, logger="kvtier.tiers.redis.tier"):
         assert tier.get([key("a")]) == {} and tier.put(items("a")) == []
     assert tier.last_error is not None
     assert tier.last_error.startswith("authentication failed")

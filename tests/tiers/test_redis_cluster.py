@@ -14,7 +14,7 @@ import pytest
 from tier_helpers import GEOMETRY, Clock, items, key, payload, poll
 
 from kvtier.keys import ChunkKey
-from kvtier.store.remote import Backoff, RedisTier
+from kvtier.tiers.redis.tier import Backoff, RedisTier
 from redis_cluster import LocalRedisCluster
 
 pytestmark = pytest.mark.redis

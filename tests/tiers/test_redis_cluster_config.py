@@ -15,9 +15,9 @@ from tier_helpers import GEOMETRY, SLOT, Clock, items, key, payload
 
 from kvtier.layout import Group, Layout
 from kvtier.store import ChunkState
-from kvtier.store.config import RedisConfig, TierConfig
-from kvtier.store.remote import RedisTier
-from kvtier.store.tiered import TieredStore
+from kvtier.tiers.config import RedisConfig, TierConfig
+from kvtier.tiers.redis.tier import RedisTier
+from kvtier.tiers.tiered import TieredStore
 from redis_cluster import HAVE_CLUSTER_TOOLS, LocalRedisCluster
 
 SECRET = "cl-s3cr3t_9"
@@ -113,7 +113,7 @@ def test_a_password_file_logs_in_to_every_node(
     tier.close()
     wrong = RedisTier(cluster_nodes=locked_cluster.startup_nodes, password="wrong-pw",
                       geometry=GEOMETRY, clock=Clock())
-    with caplog.at_level(logging.WARNING, logger="kvtier.store.remote"):
+    with caplog.at_level(logging.WARNING, logger="kvtier.tiers.redis.tier"):
         assert wrong.get([key("p0")]) == {} and wrong.put(items(["p0"])) == []
     assert (wrong.last_error or "").startswith("authentication failed")
     assert "wrong-pw" not in caplog.text and SECRET not in caplog.text

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.store.config import RedisConfig, TierConfig
-from kvtier.store.remote import RedisTier
+from kvtier.tiers.config import RedisConfig, TierConfig
+from kvtier.tiers.redis.tier import RedisTier
 
 SECRET = "Zq9SeCrEt"
 NASTY = ["", ":", "::", "@", "/", "?", "#", "[", "]", "[::1]", "%", "%zz", "&", "=", " ",

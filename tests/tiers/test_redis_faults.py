@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from tier_helpers import GEOMETRY, Clock, RedisServer, items, key, payload, poll
 
-from kvtier.store.record import encode
-from kvtier.store.remote import Backoff, RedisTier
+from kvtier.tiers.records.format import encode
+from kvtier.tiers.redis.tier import Backoff, RedisTier
 
 pytestmark = pytest.mark.redis
 CHILD = Path(__file__).with_name("tier_child.py")

@@ -15,10 +15,10 @@ from typing import Any, cast
 import pytest
 from tier_helpers import GEOMETRY, Clock, RedisServer, items, key, payload
 
-from kvtier.store.config import HostConfig, RedisConfig, TierConfig
-from kvtier.store.record import encode
-from kvtier.store.redis_options import MAX_TTL_S
-from kvtier.store.remote import Backoff, RedisTier
+from kvtier.tiers.config import HostConfig, RedisConfig, TierConfig
+from kvtier.tiers.records.format import encode
+from kvtier.tiers.redis.options import MAX_TTL_S
+from kvtier.tiers.redis.tier import Backoff, RedisTier
 
 NAMES = [f"ok{i}" for i in range(18)]
 

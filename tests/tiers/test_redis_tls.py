@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tier_helpers import GEOMETRY, REDIS_SERVER, Clock, RedisServer, free_port, items, key
 
-from kvtier.store.config import RedisConfig
-from kvtier.store.remote import RedisTier
+from kvtier.tiers.config import RedisConfig
+from kvtier.tiers.redis.tier import RedisTier
 
 pytestmark = pytest.mark.redis
 OPENSSL = shutil.which("openssl")

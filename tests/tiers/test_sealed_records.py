@@ -13,13 +13,13 @@ from tier_helpers import GEOMETRY, SLOT, Clock, RedisServer, items, key, payload
 
 from kvtier.keys import ChunkKey
 from kvtier.store import ChunkState, StoreHandle
-from kvtier.store.config import DiskConfig, HostConfig, RedisConfig, TierConfig
-from kvtier.store.disk import DiskTier
-from kvtier.store.lower import LowerTier
-from kvtier.store.record import HEADER_BYTES
-from kvtier.store.remote import RedisTier
-from kvtier.store.seal import AeadSeal, MacSeal, Seal, Secret
-from kvtier.store.tiered import TieredStore
+from kvtier.tiers.config import DiskConfig, HostConfig, RedisConfig, TierConfig
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.lower import LowerTier
+from kvtier.tiers.records.format import HEADER_BYTES
+from kvtier.tiers.records.seal import AeadSeal, MacSeal, Seal, Secret
+from kvtier.tiers.redis.tier import RedisTier
+from kvtier.tiers.tiered import TieredStore
 
 SECRET = Secret(b"s3cret-for-tests-0123456789abcdef", "tests")
 OTHER = Secret(b"another-secret-0123456789abcdef!", "tests")

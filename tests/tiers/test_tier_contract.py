@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tier_helpers import SLOT, TierFactory, items, key, payload
 
-from kvtier.store.lower import LowerTier
+from kvtier.tiers.lower import LowerTier
 
 
 def test_round_trip_of_a_batch(make_tier: TierFactory) -> None:

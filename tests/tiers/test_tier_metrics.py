@@ -20,12 +20,13 @@ from kvtier.layout import Group, Layout
 from kvtier.metrics import register
 from kvtier.metrics.names import TIER_COUNTERS, TIER_HISTOGRAMS
 from kvtier.planner import Planner
-from kvtier.store import ChunkStore, EventLog, HostSlab, StoreRefusal
-from kvtier.store.disk import DiskTier
-from kvtier.store.diskdir import record_path
-from kvtier.store.record import HEADER_BYTES
-from kvtier.store.remote import RedisTier
-from kvtier.store.tiered import TieredStore
+from kvtier.store import ChunkStore, EventLog, StoreRefusal
+from kvtier.tiers.disk.directory import record_path
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.host import HostSlab
+from kvtier.tiers.records.format import HEADER_BYTES
+from kvtier.tiers.redis.tier import RedisTier
+from kvtier.tiers.tiered import TieredStore
 
 pytestmark = pytest.mark.redis
 TIERS = ("host", "disk", "redis")

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from tier_helpers import GEOMETRY, SLOT, items, key, payload
 
 from kvtier.store.backend import BytesLike
-from kvtier.store.disk import DiskTier, write_all
-from kvtier.store.remote import RedisTier
+from kvtier.tiers.disk.tier import DiskTier, write_all
+from kvtier.tiers.redis.tier import RedisTier
 
 
 def stall_halfway(fd: int, buffers: Sequence[BytesLike]) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
-from kvtier.store.disk import write_all
-from kvtier.store.lower import LowerTier
+from kvtier.tiers.disk.tier import write_all
+from kvtier.tiers.lower import LowerTier
 
 SLOT = 4096
 GEOMETRY = b"testgeo1"

@@ -26,9 +26,9 @@ from kvtier.integrations.vllm.scheduler import ConnectorScheduler, StepRequest
 from kvtier.integrations.vllm.worker_tiers import RankTiers
 from kvtier.keys import ChunkKey
 from kvtier.layout import Group, Layout
-from kvtier.store.config import TierConfig
-from kvtier.store.host import HostSlab
 from kvtier.store.results import EventKind, StoreEvent
+from kvtier.tiers.config import TierConfig
+from kvtier.tiers.host import HostSlab
 
 pytestmark = pytest.mark.vllm
 

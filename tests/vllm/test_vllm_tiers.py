@@ -19,7 +19,7 @@ pytest.importorskip("vllm.config", reason="needs vLLM 0.33: scripts/install_vllm
 from vllm_helpers import chunks, metrics, scheduled
 
 from kvtier.integrations.vllm.testing import SimGroup, VllmSim
-from kvtier.store.diskdir import record_path
+from kvtier.tiers.disk.directory import record_path
 from tiers.tier_helpers import REDIS_SERVER, Clock, RedisServer
 
 pytestmark = pytest.mark.vllm

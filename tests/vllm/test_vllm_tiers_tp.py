@@ -17,8 +17,8 @@ from kvtier.integrations.vllm.tiers import scheduler_tiers
 from kvtier.integrations.vllm.worker import ConnectorWorker
 from kvtier.integrations.vllm.worker_tiers import RankTiers
 from kvtier.layout import Group, Layout
-from kvtier.store.config import TierConfig
-from kvtier.store.record import geometry_of
+from kvtier.tiers.config import TierConfig
+from kvtier.tiers.records.format import geometry_of
 
 pytestmark = pytest.mark.vllm
 

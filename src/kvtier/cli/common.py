@@ -6,6 +6,7 @@ import argparse
 import json
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -130,3 +131,13 @@ positive_int = int_in(1)
 def print_json(obj: Any) -> None:
     """Print ``obj`` as one line of strict JSON (a NaN or infinity is a bug, not output)."""
     print(json.dumps(obj, allow_nan=False))
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``kvtier`` subcommand: its name and help, how it adds its arguments, and what runs."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]

@@ -38,6 +38,7 @@ from kvtier.cli.common import (
     INT64_MAX,
     MAX_MTP_MODULES,
     MAX_SPEC_TOKENS,
+    Command,
     UsageError,
     human_bytes,
     int_in,
@@ -46,7 +47,6 @@ from kvtier.cli.common import (
     print_json,
     table,
 )
-from kvtier.cli.main import Command
 
 if TYPE_CHECKING:
     from kvtier.engine import Completion, Engine, EngineConfig, GroupSpec

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvtier import coverage
 from kvtier.cli.common import (
+    Command,
     UsageError,
     add_layout_arguments,
     human_bytes,
@@ -18,7 +19,6 @@ from kvtier.cli.common import (
     print_json,
     table,
 )
-from kvtier.cli.main import Command
 from kvtier.layout import Group, Layout
 
 

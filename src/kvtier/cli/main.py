@@ -6,11 +6,10 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import NoReturn
 
-from kvtier.cli.common import UsageError
+from kvtier.cli.common import Command, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,14 +17,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-@dataclass(frozen=True)
-class Command:
-    name: str
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
 
 
 def _commands() -> list[Command]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from kvtier.boundaries import BOUNDARY_MODES
 from kvtier.cli.common import (
+    Command,
     UsageError,
     add_layout_arguments,
     human_bytes,
@@ -26,7 +27,6 @@ from kvtier.cli.common import (
     table,
 )
 from kvtier.cli.fleet import add_fleet_arguments, check_fleet, fleet_requested, run_fleet
-from kvtier.cli.main import Command
 from kvtier.layout import Layout
 from kvtier.replay.bytes_run import BytesOptions, check_options, replay_bytes
 from kvtier.replay.concurrent import replay_concurrent
@@ -48,8 +48,8 @@ from kvtier.replay.trace import (
 )
 from kvtier.replay.workload import count_requests
 from kvtier.store.admission import MAX_ADMIT_AFTER, MAX_WINDOW, WINDOW_PER_SLOT, Admission
-from kvtier.store.host import check_fits_memory
-from kvtier.store.redis_options import redact
+from kvtier.tiers.host import check_fits_memory
+from kvtier.tiers.redis.options import redact
 
 DEFAULT_HOST = "64GiB"
 DEFAULT_ADMIT = 2

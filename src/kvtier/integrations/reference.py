@@ -71,6 +71,7 @@ from kvtier.keys import Namespace
 from kvtier.layout import Layout
 from kvtier.planner import Metrics, Outcome, PlannedCopy, Planner, RequestLimits, TransferJob
 from kvtier.store import ChunkStore, ZeroCopyBackend
+from kvtier.tiers.host import host_store
 from kvtier.transfer import (
     DEFAULT_STAGING_BYTES,
     ChunkCopy,
@@ -98,7 +99,7 @@ class _Live:
 class KvtierOffloader:
     """The reference engine's ``Offloader`` on a planner, a host store and the data plane.
 
-    ``store`` must be backed by a zero-copy tier (``ChunkStore.host``). ``namespace``
+    ``store`` must be backed by a zero-copy tier (``kvtier.tiers.host.host_store``). ``namespace``
     defaults to the layout's model and KV dtype. ``limits`` apply to every request (by
     default prompts and answers are both stored, for multi-turn chat). ``fault`` is the
     transfer engine's fault hook, for tests.
@@ -117,7 +118,7 @@ class KvtierOffloader:
         if not isinstance(store.backend, ZeroCopyBackend):
             raise ValueError(
                 "KvtierOffloader: the store needs a zero-copy tier whose slots the data plane "
-                "can address; build it with ChunkStore.host(layout, capacity_bytes)"
+                "can address; build it with kvtier.tiers.host.host_store(layout, capacity_bytes)"
             )
         self.layout, self.store, self.limits = layout, store, limits
         self.namespace = namespace or Namespace(layout.model, kv_dtype=layout.kv_dtype)
@@ -143,7 +144,7 @@ class KvtierOffloader:
         Example: ``Engine(config, KvtierOffloader.for_engine(config, host_bytes=64 << 20))``.
         """
         layout = config.layout()
-        store = ChunkStore.host(layout, host_bytes, policy=policy)
+        store = host_store(layout, host_bytes, policy=policy)
         return cls(layout, store, limits=limits, fault=fault)
 
     @property

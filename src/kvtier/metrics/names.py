@@ -2,7 +2,7 @@
 
 ``docs/metrics.md`` documents each row, and a test checks that every metric a scrape shows
 is one of these and is documented. The counters of a tier come from its ``TierStats``
-(``kvtier.store.lower``), the planner's from its ``Metrics`` (``kvtier.planner``).
+(``kvtier.tiers.lower``), the planner's from its ``Metrics`` (``kvtier.planner``).
 
 >>> TIER_COUNTERS["promoted"].name, TIER_COUNTERS["promoted"].labels
 ('kvtier_promotions_total', ('tier',))

@@ -30,7 +30,7 @@ from kvtier.metrics.names import LATENCY_BUCKETS_S, PLANNER_COUNTERS, TIER_COUNT
 
 if TYPE_CHECKING:
     from kvtier.planner import Metrics
-    from kvtier.store.lower import LatencyWatcher, TierStats
+    from kvtier.tiers.lower import LatencyWatcher, TierStats
 
 Payload = dict[str, Any]
 MAX_SAMPLES = 4096

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
     from kvtier.planner import Planner
-    from kvtier.store.tiered import TieredStore
+    from kvtier.tiers.tiered import TieredStore
 
 
 def prometheus_client() -> ModuleType:

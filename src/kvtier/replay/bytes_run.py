@@ -22,8 +22,8 @@ from kvtier.replay.bytes_store import GIVE_UP_S, MISS_TTL_S, REQUEST_S, PayloadP
 from kvtier.replay.driver import Driver, VirtualClock, Workload, replay_policy
 from kvtier.replay.stats import ReplayStats
 from kvtier.replay.store import HOST
-from kvtier.store.remote import RedisTier
-from kvtier.store.tiered import TieredStore
+from kvtier.tiers.redis.tier import RedisTier
+from kvtier.tiers.tiered import TieredStore
 
 
 @dataclass(frozen=True)

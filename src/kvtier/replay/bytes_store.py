@@ -45,11 +45,11 @@ from kvtier.replay.driver import VirtualClock
 from kvtier.replay.store import ReplayStore
 from kvtier.store import ChunkStore, Policy
 from kvtier.store.admission import Admission
-from kvtier.store.disk import DiskTier
-from kvtier.store.host import HostSlab
-from kvtier.store.lower import LowerTier
-from kvtier.store.record import HEADER_BYTES, geometry_of
-from kvtier.store.remote import RedisTier
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.host import HostSlab
+from kvtier.tiers.lower import LowerTier
+from kvtier.tiers.records.format import HEADER_BYTES, geometry_of
+from kvtier.tiers.redis.tier import RedisTier
 
 REQUEST_S = 1.0
 """Virtual seconds between two requests."""

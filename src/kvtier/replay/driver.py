@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from itertools import accumulate, count
 from typing import Protocol
 
@@ -28,7 +27,6 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier import coverage
-from kvtier.boundaries import BoundaryMode
 from kvtier.keys import TAG_SIZE, ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
@@ -36,35 +34,16 @@ from kvtier.replay.metadata import metadata_store
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
 from kvtier.replay.refs import (
     RequestRefs,
-    StoreScope,
     replay_namespace,
     token_stream,
 )
 from kvtier.replay.stats import GroupCounts, ReplayStats
 from kvtier.replay.store import DISK, HOST, ReplayStore
-from kvtier.replay.timing import TimingModel
-from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest
-from kvtier.replay.workload import Workload
+from kvtier.replay.trace import TraceRequest
+from kvtier.replay.workload import ReplayConfig, Workload
 from kvtier.store import Policy
-from kvtier.store.admission import Admission
-from kvtier.store.lower import LowerTier
 from kvtier.store.results import EventKind, StoreEvent
-
-
-@dataclass(frozen=True)
-class ReplayConfig:
-    """How to replay: the layout, the stored scope, the time model."""
-
-    layout: Layout
-    block_tokens: int = BLOCK_TOKENS
-    """Tokens per trace block (512 in Mooncake's traces)."""
-    scope: StoreScope = "blocks"
-    """What a request stores (``kvtier.replay.refs.StoreScope``)."""
-    timing: TimingModel = field(default_factory=TimingModel)
-    boundaries: BoundaryMode = "dense"
-    """Which boundaries a producer serves (``kvtier.boundaries``)."""
-    admission: Admission = field(default_factory=Admission)
-    """When the host store admits a new chunk (``kvtier.store.admission``; ``--admit``)."""
+from kvtier.tiers.lower import LowerTier
 
 
 class VirtualClock:

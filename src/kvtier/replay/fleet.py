@@ -34,8 +34,8 @@ from kvtier.replay.driver import Driver, VirtualClock, Workload, block_hit, make
 from kvtier.replay.fleet_stats import FleetStats
 from kvtier.replay.refs import RequestRefs
 from kvtier.replay.routers import Router, RouterSpec
-from kvtier.store.lower import AsyncTwins, Demote, Inline, Item
-from kvtier.store.metadata_tier import MetadataTier
+from kvtier.tiers.lower import AsyncTwins, Demote, Inline, Item
+from kvtier.tiers.metadata import MetadataTier
 
 SHARED = "shared"
 """The shared tier's name: its loads count under it (``ReplayStats.chunks_loaded_by_tier``)."""

@@ -4,7 +4,7 @@ A capacity-planning replay of hundreds of thousands of multi-megabyte chunks nee
 where each chunk is. ``metadata_store`` builds a ``ReplayStore`` (``kvtier.replay.store``)
 over a host ``ChunkStore`` of zero-byte slots (``NoBytes``, evicting by the chosen policy)
 and, when a disk is modelled, a ``MetadataTier`` of ``disk_slots`` (LRU); both are
-``kvtier.store.metadata_tier``'s. So the rules are the real store's:
+``kvtier.tiers.metadata``'s. So the rules are the real store's:
 
 * a chunk evicted from host memory is written down to disk (write-back);
 * ``lookup`` promotes a chunk found only on disk into a host slot, within the call (the
@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from kvtier.replay.store import DISK, ReplayStore
 from kvtier.store import ChunkStore, Policy
 from kvtier.store.admission import Admission
-from kvtier.store.lower import LowerTier
-from kvtier.store.metadata_tier import MetadataTier, NoBytes
+from kvtier.tiers.lower import LowerTier
+from kvtier.tiers.metadata import MetadataTier, NoBytes
 
 
 def metadata_store(

@@ -1,7 +1,7 @@
 """The replay's store: the real ``TieredStore``, plus what the driver asks of it.
 
 Both replays run the store's own write-back, promotion and placement rules
-(``kvtier.store.tiered``); they differ only in the tiers underneath:
+(``kvtier.tiers.tiered``); they differ only in the tiers underneath:
 
 * the metadata replay (``kvtier.replay.metadata``): a host of zero-byte slots over a
   ``MetadataTier`` standing in for the disk, both synchronous, so a promotion completes
@@ -25,9 +25,9 @@ from typing import Protocol, runtime_checkable
 
 from kvtier.keys import ChunkKey
 from kvtier.store import ChunkStore, LoadHandle, Policy
-from kvtier.store.lower import LowerTier
 from kvtier.store.results import checked_keys
-from kvtier.store.tiered import Placement, TieredStore
+from kvtier.tiers.lower import LowerTier
+from kvtier.tiers.tiered import Placement, TieredStore
 
 HOST, DISK, REDIS = "host", "disk", "redis"
 PLACEMENT: Placement = "exclusive"

@@ -16,7 +16,7 @@ planner and in-flight requests hold, never the trace. What each replay keeps bey
 Hashing a request's stream is repeated by every pass over it: memory is traded for time.
 
 >>> from kvtier.layout import Group, Layout
->>> from kvtier.replay.driver import ReplayConfig
+>>> from kvtier.replay.workload import ReplayConfig
 >>> from kvtier.replay.trace import TraceRequest, TraceSource
 >>> reqs = [TraceRequest(0.0, 600, 1, (7, 8)), TraceRequest(1.0, 600, 1, (7, 9))]
 >>> w = Workload(lambda: iter(reqs), ReplayConfig(Layout((Group("full", 512),))))
@@ -27,17 +27,33 @@ Hashing a request's stream is repeated by every pass over it: memory is traded f
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-from kvtier.replay.refs import RequestRefs, replay_namespace, request_refs
-from kvtier.replay.trace import TraceRequest, TraceSource
+from kvtier.boundaries import BoundaryMode
+from kvtier.layout import Layout
+from kvtier.replay.refs import RequestRefs, StoreScope, replay_namespace, request_refs
+from kvtier.replay.timing import TimingModel
+from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest, TraceSource
+from kvtier.store.admission import Admission
 from kvtier.store.policies.belady import FutureIndex
 
-if TYPE_CHECKING:
-    from kvtier.replay.driver import ReplayConfig
-
 Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """How to replay: the layout, the stored scope, the time model."""
+
+    layout: Layout
+    block_tokens: int = BLOCK_TOKENS
+    """Tokens per trace block (512 in Mooncake's traces)."""
+    scope: StoreScope = "blocks"
+    """What a request stores (``kvtier.replay.refs.StoreScope``)."""
+    timing: TimingModel = field(default_factory=TimingModel)
+    boundaries: BoundaryMode = "dense"
+    """Which boundaries a producer serves (``kvtier.boundaries``)."""
+    admission: Admission = field(default_factory=Admission)
+    """When the host store admits a new chunk (``kvtier.store.admission``; ``--admit``)."""
 
 
 @dataclass(frozen=True)

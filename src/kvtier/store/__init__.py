@@ -1,14 +1,14 @@
-"""The store: chunk manager, eviction policies and tiers (DESIGN section 5).
+"""The store: what to keep (DESIGN section 5). Every tier keeps its chunks through it.
 
 * ``ChunkStore`` (``manager``): the paired protocol, chunk states, accounting, the one
   eviction loop and the one lock.
 * ``Policy`` and ``POLICIES`` / ``make_policy`` (``policies``): LRU, ARC, S3-FIFO, Belady.
-* ``SlotBackend`` (``backend``): what a tier gives the manager; ``HostSlab`` (``host``), the
-  host-memory tier.
+* ``Admission`` (``admission``): which offered chunks are worth a slot.
+* ``SlotBackend`` (``backend``): what a tier gives the manager. The tiers themselves (host
+  memory, disk, Redis) are ``kvtier.tiers``; the store knows none of them.
 """
 
 from kvtier.store.backend import SlotAllocator, SlotBackend, ZeroCopyBackend
-from kvtier.store.host import HostSlab, slots_for_capacity
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import (
     ARC,
@@ -48,7 +48,6 @@ __all__ = [
     "EventKind",
     "EventLog",
     "HandleError",
-    "HostSlab",
     "LoadHandle",
     "Policy",
     "SlotAllocator",
@@ -59,5 +58,4 @@ __all__ = [
     "ZeroCopyBackend",
     "checked_keys",
     "make_policy",
-    "slots_for_capacity",
 ]

@@ -40,7 +40,7 @@ under the lock, in event order: keep them short and do not block in them.
 
 A store is metadata-only (``ChunkStore(num_slots)``: slot numbers, no bytes; what the
 replay simulator uses) or backed by a tier (``ChunkStore(backend=HostSlab(...))``, or
-``ChunkStore.host(layout, capacity_bytes)``), whose slots the handles name.
+``kvtier.tiers.host.host_store(layout, capacity_bytes)``), whose slots the handles name.
 
 >>> store = ChunkStore(2)
 >>> a, b, c = (ChunkKey(bytes([i]) * 40) for i in range(3))
@@ -66,10 +66,8 @@ from typing import NoReturn, cast
 from mypy_extensions import mypyc_attr
 
 from kvtier.keys import ChunkKey
-from kvtier.layout import Layout
 from kvtier.store.admission import Admission
 from kvtier.store.backend import SlotAllocator, SlotBackend
-from kvtier.store.host import HostSlab
 from kvtier.store.policies import Policy, make_policy
 from kvtier.store.results import (
     ChunkNotReadyError,
@@ -129,15 +127,6 @@ class ChunkStore:
         self._stores: dict[int, StoreHandle] = {}
         self._ids = itertools.count(1)
         self._subscribers: list[Subscriber] = []
-
-    @classmethod
-    def host(
-        cls, layout: Layout, capacity_bytes: int, *, policy: str = "lru",
-        pin_memory: bool | None = None, admission: Admission | None = None,
-    ) -> ChunkStore:
-        """A store over a new ``HostSlab`` of ``capacity_bytes // slot_bytes`` slots."""
-        slab = HostSlab.for_layout(layout, capacity_bytes, pin_memory=pin_memory)
-        return cls(backend=slab, policy=policy, admission=admission)
 
     # ---- queries -----------------------------------------------------------------------
 

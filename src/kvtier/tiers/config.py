@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from kvtier.store.admission import Admission
-from kvtier.store.redis_options import (
+from kvtier.tiers.redis.options import (
     DEFAULT_URL,
     MAX_TIMEOUT_S,
     MAX_TTL_S,
@@ -58,7 +58,7 @@ from kvtier.store.redis_options import (
 )
 
 if TYPE_CHECKING:
-    from kvtier.store.seal import Seal
+    from kvtier.tiers.records.seal import Seal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -193,7 +193,7 @@ class DiskConfig:
         _check_secret(self, "[disk]")
 
     def seal(self) -> Seal | None:
-        """How records are protected (the secret read now): ``kvtier.store.seal``."""
+        """How records are protected (the secret read now): ``kvtier.tiers.records.seal``."""
         return _seal_of(self)
 
 
@@ -273,7 +273,7 @@ class RedisConfig:
             check_cluster_namespace(self.namespace, "[redis].namespace")
 
     def seal(self) -> Seal | None:
-        """How records are protected (the secret read now): ``kvtier.store.seal``."""
+        """How records are protected (the secret read now): ``kvtier.tiers.records.seal``."""
         return _seal_of(self)
 
     def password(self) -> str | None:
@@ -310,7 +310,7 @@ def _check_secret(cfg: DiskConfig | RedisConfig, where: str) -> None:
 
 
 def _seal_of(cfg: DiskConfig | RedisConfig) -> Seal | None:
-    from kvtier.store.seal import seal_for  # loaded only by configs that name a secret
+    from kvtier.tiers.records.seal import seal_for  # loaded only by configs that name a secret
 
     return seal_for(cfg.secret_file, cfg.secret_env, cfg.encrypt)
 

@@ -32,7 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier.layout import Layout
+from kvtier.store.admission import Admission
 from kvtier.store.backend import BytesLike
+from kvtier.store.manager import ChunkStore
 
 if TYPE_CHECKING:
     import torch
@@ -214,3 +216,12 @@ class HostSlab:
         b'a\\x00\\x00\\x00'
         """
         self.view(slot)[self.min_chunk_bytes :] = 0
+
+
+def host_store(
+    layout: Layout, capacity_bytes: int, *, policy: str = "lru",
+    pin_memory: bool | None = None, admission: Admission | None = None,
+) -> ChunkStore:
+    """A ``ChunkStore`` over a new ``HostSlab`` of ``capacity_bytes // slot_bytes`` slots."""
+    slab = HostSlab.for_layout(layout, capacity_bytes, pin_memory=pin_memory)
+    return ChunkStore(backend=slab, policy=policy, admission=admission)

@@ -1,6 +1,6 @@
 """What a tier below host memory offers the hierarchy, its counters and its workers.
 
-A lower tier (``DiskTier``, ``RedisTier``) holds records (``kvtier.store.record``) by key.
+A lower tier (``DiskTier``, ``RedisTier``) holds records (``kvtier.tiers.records.format``) by key.
 Its blocking calls (``get``, ``put``, ``remove``) may take milliseconds, so the hierarchy
 calls their ``*_async`` twins, which run on the tier's own small worker pool and return a
 ``concurrent.futures.Future``; the engine's scheduler thread never waits on disk or network.

@@ -26,10 +26,10 @@ from collections.abc import Iterable, Sequence
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
-from kvtier.store.lower import AsyncTwins, Demote, IndexEvents, Inline, Item, TierStats
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
 from kvtier.store.results import EventKind, StoreEvent, StoreHandle
+from kvtier.tiers.lower import AsyncTwins, Demote, IndexEvents, Inline, Item, TierStats
 
 _EMPTY = memoryview(b"")
 

@@ -37,7 +37,7 @@ Counters per tier: ``stats()`` (hits, promotions, bytes, errors, latency). ``flu
 waits for background work (promotions, write-backs); tests and shutdown use it.
 
 >>> from kvtier.store.manager import ChunkStore
->>> from kvtier.store.host import HostSlab
+>>> from kvtier.tiers.host import HostSlab, host_store
 >>> store = TieredStore(ChunkStore(backend=HostSlab(4, 64, pin_memory=False)))
 >>> store.lookup([ChunkKey(bytes(40))])[0].value
 'absent'
@@ -57,13 +57,7 @@ from typing import Any, Literal, get_args
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.store.backend import SlotBackend
-from kvtier.store.config import DiskConfig, RedisConfig, TierConfig, WritePolicy
-from kvtier.store.disk import DiskTier
-from kvtier.store.host import HostSlab
-from kvtier.store.lower import EventCounts, EventSource, Item, LowerTier, TierStats
 from kvtier.store.manager import ChunkStore, checked_keys
-from kvtier.store.record import geometry_of
-from kvtier.store.remote import Backoff, RedisTier
 from kvtier.store.results import (
     ChunkState,
     EventKind,
@@ -73,6 +67,12 @@ from kvtier.store.results import (
     StoreRefusal,
     Subscriber,
 )
+from kvtier.tiers.config import DiskConfig, RedisConfig, TierConfig, WritePolicy
+from kvtier.tiers.disk.tier import DiskTier
+from kvtier.tiers.host import HostSlab, host_store
+from kvtier.tiers.lower import EventCounts, EventSource, Item, LowerTier, TierStats
+from kvtier.tiers.records.format import geometry_of
+from kvtier.tiers.redis.tier import Backoff, RedisTier
 
 WRITE_POLICIES: tuple[str, ...] = get_args(WritePolicy)
 Placement = Literal["inclusive", "exclusive"]
@@ -173,9 +173,8 @@ class TieredStore:
     ) -> TieredStore:
         """The hierarchy ``config`` describes, for chunks of ``layout``; its admission
         (``admit_after``) filters the engine's stores into host memory, never promotions."""
-        host = ChunkStore.host(layout, config.host.capacity_bytes, policy=config.host.policy,
-                               pin_memory=config.host.pin_memory,
-                               admission=config.admission())
+        host = host_store(layout, config.host.capacity_bytes, policy=config.host.policy,
+                          pin_memory=config.host.pin_memory, admission=config.admission())
         slot_bytes, geometry = host.backend.slot_bytes, geometry_of(layout)  # type: ignore[union-attr]
         lower = [
             build(section, slot_bytes, geometry, clock)

@@ -2,7 +2,7 @@
 
 ``KvtierOptions`` is one typed, frozen record read from ``kv_connector_extra_config``;
 unknown keys are refused with the list of known ones, so a typo never silently falls back
-to a default. The tiers take the keys of ``kvtier.store.config.TierConfig`` (``host``,
+to a default. The tiers take the keys of ``kvtier.tiers.config.TierConfig`` (``host``,
 ``disk``, ``redis``, ``write_policy``, ...), parsed by ``TierConfig.from_dict`` alone, so
 one configuration serves the library, the CLI and vLLM; ``host_bytes`` (with ``policy``)
 is the shorthand for a host-only ``host`` section.
@@ -34,9 +34,9 @@ from kvtier.boundaries import BoundaryMode, check_mode
 from kvtier.integrations.vllm.layout import UnsupportedConfig, VllmSpecDecode, vllm_layout
 from kvtier.keys import Namespace
 from kvtier.layout import Layout
-from kvtier.store.config import TierConfig
-from kvtier.store.host import slots_for_capacity
 from kvtier.store.policies import ONLINE_POLICIES
+from kvtier.tiers.config import TierConfig
+from kvtier.tiers.host import slots_for_capacity
 
 StoreWhat = Literal["all", "prompt"]
 SaltSource = Literal["cache_salt", "none"]

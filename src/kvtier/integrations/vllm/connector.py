@@ -42,7 +42,7 @@ from kvtier.integrations.vllm.scheduler import ConnectorScheduler, StepPlan, Ste
 from kvtier.integrations.vllm.tiers import has_lower, scheduler_tiers
 from kvtier.integrations.vllm.worker import ConnectorWorker
 from kvtier.integrations.vllm.worker_tiers import RankTiers
-from kvtier.store.record import geometry_of
+from kvtier.tiers.records.format import geometry_of
 
 if TYPE_CHECKING:
     import torch

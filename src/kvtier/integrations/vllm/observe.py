@@ -51,8 +51,8 @@ from kvtier.metrics.payload import (
     subtract,
     watch_latency,
 )
-from kvtier.store.lower import EventCounts, EventSource, TierStats
 from kvtier.store.results import EventKind, StoreEvent
+from kvtier.tiers.lower import EventCounts, EventSource, TierStats
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

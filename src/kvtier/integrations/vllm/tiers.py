@@ -51,9 +51,6 @@ from pathlib import Path
 
 from kvtier.keys import ChunkKey
 from kvtier.planner import TransferJob
-from kvtier.store.config import TierConfig
-from kvtier.store.diskdir import record_path
-from kvtier.store.lower import LowerTier, Workers
 from kvtier.store.manager import ChunkStore
 from kvtier.store.results import (
     ChunkState,
@@ -64,7 +61,10 @@ from kvtier.store.results import (
     StoreRefusal,
     Subscriber,
 )
-from kvtier.store.tiered import TIER_BUILDERS
+from kvtier.tiers.config import TierConfig
+from kvtier.tiers.disk.directory import record_path
+from kvtier.tiers.lower import LowerTier, Workers
+from kvtier.tiers.tiered import TIER_BUILDERS
 
 _ABSENT, _WRITING = ChunkState.ABSENT, ChunkState.WRITING
 

@@ -38,7 +38,7 @@ from kvtier.integrations.vllm.scheduler import StepPlan
 from kvtier.integrations.vllm.worker_tiers import RankTiers
 from kvtier.layout import Layout
 from kvtier.planner import TransferJob
-from kvtier.store.host import HostSlab
+from kvtier.tiers.host import HostSlab
 from kvtier.transfer import ChunkCopy, FaultHook, GroupKV, JobResult, TransferEngine
 
 

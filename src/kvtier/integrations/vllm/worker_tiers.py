@@ -9,8 +9,8 @@ runs) and leaves the writing to the tier's own workers.
 
 >>> import tempfile
 >>> from kvtier.keys import ChunkKey
->>> from kvtier.store.config import TierConfig
->>> from kvtier.store.host import HostSlab
+>>> from kvtier.tiers.config import TierConfig
+>>> from kvtier.tiers.host import HostSlab
 >>> slab, k = HostSlab(2, 64, pin_memory=False), ChunkKey(bytes(40))
 >>> with tempfile.TemporaryDirectory() as d:
 ...     cfg = TierConfig.from_dict({"host": {"capacity": 128},
@@ -33,9 +33,9 @@ from concurrent.futures import Future
 
 from kvtier.integrations.vllm.tiers import lower_tiers, rank_tiers
 from kvtier.keys import ChunkKey
-from kvtier.store.config import TierConfig
-from kvtier.store.host import HostSlab
-from kvtier.store.lower import Item, LowerTier, Workers
+from kvtier.tiers.config import TierConfig
+from kvtier.tiers.host import HostSlab
+from kvtier.tiers.lower import Item, LowerTier, Workers
 
 Copy = tuple[ChunkKey, int, int]
 """A chunk in the slab: its key, its slot, and its length in bytes."""

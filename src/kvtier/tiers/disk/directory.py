@@ -37,8 +37,8 @@ from pathlib import Path
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
-from kvtier.store.record import HEADER_BYTES, claimed_key
 from kvtier.store.results import KEY_BYTES
+from kvtier.tiers.records.format import HEADER_BYTES, claimed_key
 
 Writer = Callable[[int, Sequence[BytesLike]], None]
 """Writes buffers, in order, to an open file descriptor (a seam for fault tests)."""

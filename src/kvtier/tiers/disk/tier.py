@@ -1,6 +1,6 @@
 """The local-disk tier: one file per chunk under a directory, published by atomic rename.
 
-Format. ``<path>/chunks/<key hex>`` holds one record (``kvtier.store.record``: header with
+Format. ``<path>/chunks/<key hex>`` holds one record (``kvtier.tiers.records.format``: header with
 key, geometry, length and checksums, then the payload). One file per chunk, rather than
 slots in preallocated files, because the file system then does the hard parts: a rename
 publishes a chunk atomically, a crash can leave only unpublished temporary files (deleted
@@ -16,7 +16,7 @@ Reading a chunk verifies the whole record; a mismatch (flipped byte, truncated f
 key or geometry, a forged record under a ``seal``) is a miss, counted in ``stats.corrupt``,
 and the file is dropped.
 
-The tier owns only what it wrote (``kvtier.store.diskdir``): symlinks at ``chunks`` or
+The tier owns only what it wrote (``kvtier.tiers.disk.directory``): symlinks at ``chunks`` or
 ``LOCK`` are refused, never followed, and an entry of ``chunks/`` that is not provably one
 of its records (a user's file, a subdirectory, a symlink) is foreign: never read as a chunk,
 renamed, replaced or deleted, only counted in ``stats.foreign`` and logged once at open. A
@@ -57,14 +57,14 @@ from pathlib import Path
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
-from kvtier.store.diskdir import ChunkDir, Entry, NotOurs, Writer
-from kvtier.store.host import slots_for_capacity
-from kvtier.store.lower import AsyncTwins, Demote, IndexEvents, Item, TierStats, Workers
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
-from kvtier.store.record import HEADER_BYTES, NotARecord, RecordError, decode, encode
 from kvtier.store.results import EventKind, StoreEvent, StoreHandle, StoreRefusal
-from kvtier.store.seal import Seal
+from kvtier.tiers.disk.directory import ChunkDir, Entry, NotOurs, Writer
+from kvtier.tiers.host import slots_for_capacity
+from kvtier.tiers.lower import AsyncTwins, Demote, IndexEvents, Item, TierStats, Workers
+from kvtier.tiers.records.format import HEADER_BYTES, NotARecord, RecordError, decode, encode
+from kvtier.tiers.records.seal import Seal
 
 _log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class DiskTier(AsyncTwins, IndexEvents):
     ``slot_bytes``: the largest payload (the layout's largest chunk); each chunk is charged
     a record of it (``record_bytes``) of ``capacity_bytes``. ``geometry``: the layout's
     fingerprint (``record.geometry_of``). ``seal``: authenticate (or encrypt) records
-    (``kvtier.store.seal``); then only sealed records under the same secret are read.
+    (``kvtier.tiers.records.seal``); then only sealed records under the same secret are read.
     ``writer``: how record bytes reach a file; tests inject a failing or stalling one.
     """
 

@@ -6,7 +6,7 @@ self-describing record, verified on every read:
     offset  size  field
     0       4     magic  b"KVTR"
     4       2     version (1)
-    6       2     seal: 0 plain, 1 HMAC, 2 AES-GCM (``kvtier.store.seal``)
+    6       2     seal: 0 plain, 1 HMAC, 2 AES-GCM (``kvtier.tiers.records.seal``)
     8       40    key: the ChunkKey the record claims to hold
     48      8     geometry: a fingerprint of the layout that produced the bytes
     56      8     body length (the bytes after the header)
@@ -31,10 +31,11 @@ record moved under another key fails too.
 >>> rec = b"".join(encode(k, b"geometry", b"payload"))
 >>> len(rec), bytes(decode(rec, k, b"geometry"))
 (79, b'payload')
->>> decode(rec[:-1], k, b"geometry")
-Traceback (most recent call last):
-...
-kvtier.store.record.RecordError: record is 78 bytes, its header says 79 (truncated or padded)
+>>> try:
+...     decode(rec[:-1], k, b"geometry")
+... except RecordError as e:
+...     print(e)
+record is 78 bytes, its header says 79 (truncated or padded)
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.store.backend import BytesLike
 from kvtier.store.results import KEY_BYTES
+from kvtier.tiers.records.errors import NotARecord, RecordError
 
 if TYPE_CHECKING:
-    from kvtier.store.seal import Seal
+    from kvtier.tiers.records.seal import Seal
 
 MAGIC = b"KVTR"
 VERSION = 1
@@ -73,15 +75,6 @@ def _crc32_function() -> tuple[Callable[..., int], str]:
 
 crc32, CRC32_BY = _crc32_function()
 """The records' checksum (zlib's CRC-32), and which library computes it: "isal" or "zlib"."""
-
-
-class RecordError(ValueError):
-    """A record failed verification: the tier treats it as a miss and drops it."""
-
-
-class NotARecord(RecordError):
-    """Bytes that are not a kvtier record at all (no magic, or a torn header): a tier must
-    not delete a file of this kind, which it cannot prove it wrote."""
 
 
 def geometry_of(layout: Layout) -> bytes:

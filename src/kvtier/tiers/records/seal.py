@@ -1,6 +1,6 @@
 """Authenticated and encrypted records, for tiers that others can write to.
 
-A plain record (``kvtier.store.record``) is protected by crc32 only: it catches torn and
+A plain record (``kvtier.tiers.records.format``) is protected by crc32 only: it catches torn and
 flipped bytes, but anyone who can write the disk directory or the Redis namespace can write
 a well-formed record that is served. A *seal* closes that: every process of a deployment
 reads one secret (from a file or an environment variable, never from the config itself),
@@ -35,7 +35,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from kvtier.store.backend import BytesLike
-from kvtier.store.record import RecordError
+from kvtier.tiers.records.errors import RecordError
 
 MIN_SECRET_BYTES = 16
 """A shorter secret is refused: it could be guessed."""

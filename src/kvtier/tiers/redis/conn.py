@@ -14,7 +14,7 @@ same protocol, so both serve Valkey too.
    as its slowest node, and stalled nodes at most one socket timeout (``timeout_s``;
    redis-py's own retries are off): writes from one thread per node (each checksums and
    sends its megabytes), reads and other small commands from the calling thread, every
-   node's requests first, then the replies as they arrive (``kvtier.store.redis_each``);
+   node's requests first, then the replies as they arrive (``kvtier.tiers.redis.each``);
 3. follow ``MOVED`` (the slot moved for good: the slot map is updated) and ``ASK`` (the
    slot is migrating: ``ASKING`` first) replies once, to the node they name;
 4. a node that fails (refused, timed out, wrong password) leaves its names ``UNREACHED``,
@@ -38,11 +38,11 @@ from functools import partial
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from kvtier.store.config import check_number
-from kvtier.store.lower import TierStats, Workers
-from kvtier.store.redis_each import Each, Faults, Reply, run_each
+from kvtier.tiers.config import check_number
+from kvtier.tiers.lower import TierStats, Workers
+from kvtier.tiers.redis.each import Each, Faults, Reply, run_each
 
-_log = logging.getLogger("kvtier.store.remote")  # the tier's: its users filter by it
+_log = logging.getLogger("kvtier.tiers.redis.tier")  # the tier's: its users filter by it
 
 class Unreached(Exception):
     """In place of the reply for a name whose node was not reached (down, backing off, no
@@ -54,7 +54,7 @@ UNREACHED = Unreached("the node holding this key was not reached")
 Command = Callable[[Any, Sequence[int], bool], list[Reply]]
 """Sends one node's share of a call on its own thread: ``command(client, indexes, asking)``
 returns one reply per index (``asking``: send ``ASKING`` before each, for an ``ASK``
-redirection). Small commands are an ``Each`` instead (``kvtier.store.redis_each``)."""
+redirection). Small commands are an ``Each`` instead (``kvtier.tiers.redis.each``)."""
 
 CONNECT = "(connect)"
 """The health entry of the link itself: building it (a cluster's first topology) failed."""

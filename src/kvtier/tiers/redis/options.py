@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from urllib.parse import parse_qsl, unquote_plus, urlsplit
 
-from kvtier.store.seal import read_secret_file
+from kvtier.tiers.records.seal import read_secret_file
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 """The server a Redis tier talks to when given neither a URL nor cluster nodes."""

@@ -3,9 +3,9 @@ Redis Cluster (or Valkey).
 
 Every kvtier process pointed at one server or cluster (and one ``namespace``) shares its
 chunks: the value of ``<namespace>:<key hex>`` is the chunk's record
-(``kvtier.store.record``), verified on every read exactly like the disk tier's files.
+(``kvtier.tiers.records.format``), verified on every read exactly like the disk tier's files.
 Reads and writes are batched: one pipelined round trip per node per call. One server and a
-cluster take the same path (``kvtier.store.redis_conn``): a batch is split by node, the
+cluster take the same path (``kvtier.tiers.redis.conn``): a batch is split by node, the
 nodes are asked at once, ``MOVED`` and ``ASK`` are followed.
 
 Faults never propagate. Every socket operation is bounded by ``timeout_s``; redis-py's own
@@ -38,10 +38,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
 from kvtier.keys import ChunkKey
-from kvtier.store.config import check_number
-from kvtier.store.lower import AsyncTwins, Demote, Item, TierStats, Workers
-from kvtier.store.record import RecordError, decode, encode_pair
-from kvtier.store.redis_conn import (
+from kvtier.tiers.config import check_number
+from kvtier.tiers.lower import AsyncTwins, Demote, Item, TierStats, Workers
+from kvtier.tiers.records.format import RecordError, decode, encode_pair
+from kvtier.tiers.records.seal import Seal
+from kvtier.tiers.redis.conn import (
     Backoff,
     ClusterLink,
     Link,
@@ -51,8 +52,8 @@ from kvtier.store.redis_conn import (
     Unreached,
     redis_module,
 )
-from kvtier.store.redis_each import Each, checkout, next_reply
-from kvtier.store.redis_options import (
+from kvtier.tiers.redis.each import Each, checkout, next_reply
+from kvtier.tiers.redis.options import (
     DEFAULT_URL,
     MAX_TIMEOUT_S,
     MAX_TTL_S,
@@ -61,7 +62,6 @@ from kvtier.store.redis_options import (
     check_url,
     redact,
 )
-from kvtier.store.seal import Seal
 
 __all__ = ["Backoff", "RedisTier"]
 
@@ -91,7 +91,7 @@ class RedisTier(AsyncTwins):
         in it shows as ``***``."""
         self.namespace, self.geometry = namespace, geometry
         self.seal = seal
-        """Authenticates (or encrypts) records (``kvtier.store.seal``); None: crc32 only."""
+        """Authenticates (or encrypts) records (``kvtier.tiers.records.seal``); None: crc32 only."""
         self.timeout_s, self.ttl_s = timeout_s, ttl_s
         self.backoff = backoff or Backoff()
         self.stats = TierStats(self.name)
