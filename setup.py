@@ -24,6 +24,7 @@ COMPILED = [
     "src/kvtier/planner/planner.py",
     "src/kvtier/planner/requests.py",
     "src/kvtier/planner/types.py",
+    "src/kvtier/retention.py",
     "src/kvtier/store/manager.py",
     "src/kvtier/store/results.py",
     "src/kvtier/store/policies/arc.py",

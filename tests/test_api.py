@@ -60,7 +60,8 @@ def test_unknown_attribute_is_an_attribute_error():
         kvtier.nope  # noqa: B018
 
 
-@pytest.mark.parametrize("module", ["kvtier.coverage", "kvtier.keys", "kvtier.layout"])
+@pytest.mark.parametrize("module", ["kvtier.coverage", "kvtier.retention", "kvtier.keys",
+                                    "kvtier.layout"])
 def test_the_contract_loads_nothing_above_it(module):
     loaded = _loaded_after(f"import {module}")
     assert module in loaded
@@ -152,7 +153,8 @@ ROOMS_BELOW = {
     "kvtier.tiers": {"kvtier.tiers", "kvtier.store"},
     "kvtier.planner": {"kvtier.planner", "kvtier.store", "kvtier.tiers"},
 }
-CONTRACT = {"kvtier", "kvtier.layout", "kvtier.keys", "kvtier.coverage", "kvtier.boundaries",
+CONTRACT = {"kvtier", "kvtier.layout", "kvtier.keys", "kvtier.coverage", "kvtier.retention",
+            "kvtier.boundaries",
             "kvtier.buildinfo", "kvtier.presets", "kvtier.layoutfile"}
 
 
