@@ -20,7 +20,7 @@ from kvtier.cli.main import main
 from kvtier.tiers.config import HostConfig, RedisConfig, TierConfig
 from kvtier.tiers.redis.options import redact
 from kvtier.tiers.redis.tier import RedisTier
-from kvtier.tiers.tiered import TIER_BUILDERS
+from kvtier.tiers.build import TIER_BUILDERS
 
 SECRET = "s3cr3t-Pw_42"
 WRONG = "Wr0ng-Pw_17"

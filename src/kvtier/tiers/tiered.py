@@ -31,7 +31,8 @@ unchanged. The data plane only ever touches host slots:
 Ordering of write-back: the manager emits EVICTED under its lock, after freeing the slot
 but before ``prepare_store`` returns the handle that reuses it, so the subscriber copies the
 slot's bytes while they are still the victim's; the copies go down in one batch per call
-(``put_async``) once the manager returns. No manager hook is needed.
+(``put_async``) once the manager returns (``kvtier.tiers.writedown``). No manager hook is
+needed.
 
 Counters per tier: ``stats()`` (hits, promotions, bytes, errors, latency). ``flush()``
 waits for background work (promotions, write-backs); tests and shutdown use it.
@@ -45,12 +46,10 @@ waits for background work (promotions, write-backs); tests and shutdown use it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -67,12 +66,12 @@ from kvtier.store.results import (
     StoreRefusal,
     Subscriber,
 )
-from kvtier.tiers.config import DiskConfig, RedisConfig, TierConfig, WritePolicy
-from kvtier.tiers.disk.tier import DiskTier
-from kvtier.tiers.host import HostSlab, host_store
-from kvtier.tiers.lower import EventCounts, EventSource, Item, LowerTier, TierStats
+from kvtier.tiers.build import lower_tiers
+from kvtier.tiers.config import TierConfig, WritePolicy
+from kvtier.tiers.host import host_store
+from kvtier.tiers.lower import EventCounts, EventSource, LowerTier, TierStats
 from kvtier.tiers.records.format import geometry_of
-from kvtier.tiers.redis.tier import Backoff, RedisTier
+from kvtier.tiers.writedown import Background, WriteDown
 
 WRITE_POLICIES: tuple[str, ...] = get_args(WritePolicy)
 Placement = Literal["inclusive", "exclusive"]
@@ -81,31 +80,6 @@ PLACEMENTS: tuple[str, ...] = get_args(Placement)
 Promoted = Callable[[ChunkKey, str], None]
 """Called with each chunk promoted into host memory and the name of the tier it came from."""
 _log = logging.getLogger(__name__)
-
-
-def _build_disk(
-    cfg: DiskConfig, slot_bytes: int, geometry: bytes, clock: Callable[[], float]
-) -> LowerTier:
-    return DiskTier(cfg.path, cfg.capacity_bytes, slot_bytes, geometry=geometry,
-                    policy=cfg.policy, workers=cfg.workers, fsync=cfg.fsync, seal=cfg.seal())
-
-
-def _build_redis(
-    cfg: RedisConfig, slot_bytes: int, geometry: bytes, clock: Callable[[], float]
-) -> LowerTier:
-    backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s)
-    return RedisTier(cfg.url, cluster_nodes=cfg.cluster_nodes, namespace=cfg.namespace,
-                     geometry=geometry,
-                     timeout_s=cfg.timeout_s, backoff=backoff, ttl_s=cfg.ttl_s,
-                     workers=cfg.workers, clock=clock, username=cfg.username,
-                     password=cfg.password(), seal=cfg.seal())
-
-
-TIER_BUILDERS: dict[str, Callable[[Any, int, bytes, Callable[[], float]], LowerTier]] = {
-    "disk": _build_disk,
-    "redis": _build_redis,
-}
-"""Lower tiers by config section, fastest first: the hierarchy's order."""
 
 
 @dataclass
@@ -158,14 +132,11 @@ class TieredStore:
         self._miss_ttl_s, self._clock = miss_ttl_s, clock
         self._fetching: set[ChunkKey] = set()  # being promoted: reported WRITING
         self._absent_until: dict[ChunkKey, float] = {}  # found nowhere: ABSENT until then
-        self._outbox: list[Item] = []  # chunks to write down once the host call returns
-        self._going_down: Counter[ChunkKey] = Counter()  # evicted, being written down
-        self._pending: set[Future[Any]] = set()
+        self._background = Background(self.lock, self.host_stats)
+        self._down = WriteDown(self.lower, write_policy, self.backend, self.lock,
+                               self._background)
         self._watchers: list[Promoted] = []
         host.subscribe(self._on_host_event)
-        if write_policy == "write-back":
-            for upper, below in itertools.pairwise(self.lower):
-                upper.set_demote(self._demoter(below))
 
     @classmethod
     def from_config(
@@ -176,11 +147,7 @@ class TieredStore:
         host = host_store(layout, config.host.capacity_bytes, policy=config.host.policy,
                           pin_memory=config.host.pin_memory, admission=config.admission())
         slot_bytes, geometry = host.backend.slot_bytes, geometry_of(layout)  # type: ignore[union-attr]
-        lower = [
-            build(section, slot_bytes, geometry, clock)
-            for name, build in TIER_BUILDERS.items()
-            if (section := getattr(config, name)) is not None
-        ]
+        lower = lower_tiers(config, slot_bytes, geometry, clock)
         return cls(host, lower, write_policy=config.write_policy,
                    miss_ttl_s=config.miss_ttl_s, clock=clock)
 
@@ -213,7 +180,7 @@ class TieredStore:
 
     def _in_flight(self, key: ChunkKey) -> bool:
         """Being promoted, or evicted and still on its way down."""
-        return key in self._fetching or key in self._going_down
+        return key in self._fetching or self._down.going_down(key)
 
     def _worth_fetching(self, key: ChunkKey, now: float) -> bool:
         if self._absent_until.get(key, now) > now:
@@ -228,7 +195,7 @@ class TieredStore:
         if not want:
             self._after_fetch(level, fetch)
             return
-        self._track(tier.get_async(want), lambda f: self._fetched(level, fetch, f))
+        self._background.track(tier.get_async(want), lambda f: self._fetched(level, fetch, f))
 
     def _fetched(self, level: int, fetch: _Fetch,
                  future: Future[dict[ChunkKey, memoryview]]) -> None:
@@ -248,7 +215,7 @@ class TieredStore:
         try:
             if fetch.found:
                 installed = self._take_up(fetch)
-            self._send_down()
+            self._down.send()
         finally:
             with self.lock:
                 self._fetching.difference_update(fetch.keys)
@@ -289,7 +256,7 @@ class TieredStore:
                 for k in ks:
                     watch(k, tier.name)
             if self.placement == "exclusive":
-                self._track(tier.remove_async(ks))
+                self._background.track(tier.remove_async(ks))
 
     def watch_promotions(self, callback: Promoted) -> None:
         """Call ``callback(key, tier name)`` for every chunk promoted into host memory
@@ -330,7 +297,7 @@ class TieredStore:
         try:
             result = self.host.prepare_store(ks, parents)
         finally:
-            self._send_down()
+            self._down.send()
         if not isinstance(result, StoreHandle):
             refused = sum(s is ChunkState.ABSENT for s in self.host.lookup(set(ks)))
             self.host_stats.add(refused=refused)
@@ -345,9 +312,9 @@ class TieredStore:
             with self.lock:
                 self.host.complete_store(handle, ok)
                 for slot in () if ok else handle.slots:
-                    self._clear(slot)
+                    self._down.clear(slot)
         finally:
-            self._send_down()
+            self._down.send()
         start = self._started.pop(handle.id, None)
         if not ok:
             self.host_stats.add(errors=1)
@@ -360,7 +327,7 @@ class TieredStore:
         with self.lock:
             for tier in self.lower:
                 if gone:
-                    self._track(tier.remove_async(gone))
+                    self._background.track(tier.remove_async(gone))
         return gone
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
@@ -381,70 +348,15 @@ class TieredStore:
 
         return unsubscribe
 
-    # ---- writing down ------------------------------------------------------------------
-
     def _on_host_event(self, event: StoreEvent) -> None:
         """Host subscriber, under the host lock: copy bytes that must go down now, while the
         slot still holds them (module docstring)."""
         due = EventKind.EVICTED if self.write_policy == "write-back" else EventKind.STORED
         if event.kind is due and self.lower and event.key not in self._fetching:
-            self._outbox.append((event.key, self.backend.read(event.slot)))
+            self._down.copy(event.key, event.slot)
             self._absent_until.pop(event.key, None)  # going down: worth fetching again
         if event.kind is not EventKind.STORED:
-            self._clear(event.slot)  # freed: none of its bytes may go down with the next chunk
-
-    def _clear(self, slot: int) -> None:
-        """Zero a slot being freed (``HostSlab.clear``: free slots are zero past the
-        smallest chunk), so a shorter chunk stored there later carries none of this one's
-        bytes to a lower tier."""
-        if isinstance(self.backend, HostSlab):
-            self.backend.clear(slot)
-        else:
-            self.backend.write(slot, bytes(self.backend.slot_bytes))
-
-    def _send_down(self) -> None:
-        """One batch to the next tier (write-back) or to every tier (write-through)."""
-        with self.lock:
-            items, self._outbox = self._outbox, []
-            if not items:
-                return
-            if self.write_policy == "write-through":
-                for tier in self.lower:
-                    self._track(tier.put_async(items))
-                return
-            keys = [k for k, _ in items]
-            self._going_down.update(keys)
-            self._track(self.lower[0].put_async(items), lambda _: self._landed(keys))
-
-    def _landed(self, keys: list[ChunkKey]) -> None:
-        with self.lock:
-            self._going_down.subtract(keys)
-            self._going_down += Counter()  # drop zero counts
-
-    def _demoter(self, below: LowerTier) -> Callable[[ChunkKey, bytes], None]:
-        def demote(key: ChunkKey, payload: bytes) -> None:
-            with self.lock:
-                self._track(below.put_async([(key, payload)]))
-
-        return demote
-
-    def _track(
-        self, future: Future[Any], then: Callable[[Future[Any]], None] | None = None
-    ) -> None:
-        """Count ``future`` as background work until it and ``then(future)`` are done (so
-        ``flush`` also waits for what ``then`` starts)."""
-        with self.lock:
-            self._pending.add(future)
-        if then is not None:
-            future.add_done_callback(then)
-        future.add_done_callback(self._done)
-
-    def _done(self, future: Future[Any]) -> None:
-        with self.lock:
-            self._pending.discard(future)
-        if future.exception() is not None:
-            self.host_stats.add(errors=1)
-            _log.error("kvtier tier task failed", exc_info=future.exception())
+            self._down.clear(event.slot)  # freed: none of its bytes may go down with the next
 
     # ---- observing, waiting, closing ---------------------------------------------------
 
@@ -459,23 +371,14 @@ class TieredStore:
 
     def flush(self, timeout_s: float | None = 30.0) -> bool:
         """Wait until no promotion or write-down is in flight; False on timeout."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            with self.lock:
-                pending = list(self._pending)
-            if not pending:
-                return True
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            wait(pending, timeout=left)
+        return self._background.flush(timeout_s)
 
     def check_invariants(self) -> None:
         """The host store's and every tier's invariants, and nothing left unsent."""
         with self.lock:
             self.host.check_invariants()
-            if self._outbox:
-                raise AssertionError(f"{len(self._outbox)} chunks copied but not sent down")
+            if unsent := self._down.unsent():
+                raise AssertionError(f"{unsent} chunks copied but not sent down")
         for tier in self.lower:
             tier.check_invariants()
 

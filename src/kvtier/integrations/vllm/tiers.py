@@ -61,10 +61,10 @@ from kvtier.store.results import (
     StoreRefusal,
     Subscriber,
 )
+from kvtier.tiers.build import lower_tiers
 from kvtier.tiers.config import TierConfig
 from kvtier.tiers.disk.directory import record_path
 from kvtier.tiers.lower import LowerTier, Workers
-from kvtier.tiers.tiered import TIER_BUILDERS
 
 _ABSENT, _WRITING = ChunkState.ABSENT, ChunkState.WRITING
 
@@ -84,14 +84,6 @@ def rank_tiers(config: TierConfig, rank: int) -> TierConfig:
     if redis is not None:
         redis = dataclasses.replace(redis, namespace=f"{redis.namespace}:rank{rank}")
     return dataclasses.replace(config, disk=disk, redis=redis)
-
-
-def lower_tiers(config: TierConfig, slot_bytes: int, geometry: bytes,
-                clock: Callable[[], float] = time.monotonic) -> list[LowerTier]:
-    """The lower tiers ``config`` names, fastest first (``tiered.TIER_BUILDERS``)."""
-    return [build(section, slot_bytes, geometry, clock)
-            for name, build in TIER_BUILDERS.items()
-            if (section := getattr(config, name)) is not None]
 
 
 def has_lower(config: TierConfig) -> bool:

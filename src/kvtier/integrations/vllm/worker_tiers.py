@@ -9,7 +9,8 @@ runs) and leaves the writing to the tier's own workers.
 
 >>> import tempfile
 >>> from kvtier.keys import ChunkKey
->>> from kvtier.tiers.config import TierConfig
+>>> from kvtier.tiers.build import lower_tiers
+from kvtier.tiers.config import TierConfig
 >>> from kvtier.tiers.host import HostSlab
 >>> slab, k = HostSlab(2, 64, pin_memory=False), ChunkKey(bytes(40))
 >>> with tempfile.TemporaryDirectory() as d:
@@ -31,8 +32,9 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from kvtier.integrations.vllm.tiers import lower_tiers, rank_tiers
+from kvtier.integrations.vllm.tiers import rank_tiers
 from kvtier.keys import ChunkKey
+from kvtier.tiers.build import lower_tiers
 from kvtier.tiers.config import TierConfig
 from kvtier.tiers.host import HostSlab
 from kvtier.tiers.lower import Item, LowerTier, Workers
