@@ -106,7 +106,7 @@ class TieredStore:
     ) -> None:
         if host.backend is None:
             raise ValueError("TieredStore: the host store needs a backend (a HostSlab, or "
-                             "metadata_tier.NoBytes for a store that moves no bytes)")
+                             "tiers.metadata.NoBytes for a store that moves no bytes)")
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
         if placement not in PLACEMENTS:

@@ -45,7 +45,7 @@ Copy = tuple[ChunkKey, int, int]
 
 class RankTiers:
     """Rank ``rank``'s lower tiers (module docstring); ``slot_bytes``: the largest chunk,
-    ``geometry``: the layout's fingerprint (``record.geometry_of``)."""
+    ``geometry``: the layout's fingerprint (``records.format.geometry_of``)."""
 
     def __init__(self, config: TierConfig, rank: int, slot_bytes: int,
                  geometry: bytes = b"") -> None:

@@ -82,7 +82,7 @@ class DiskTier(AsyncTwins, IndexEvents):
 
     ``slot_bytes``: the largest payload (the layout's largest chunk); each chunk is charged
     a record of it (``record_bytes``) of ``capacity_bytes``. ``geometry``: the layout's
-    fingerprint (``record.geometry_of``). ``seal``: authenticate (or encrypt) records
+    fingerprint (``records.format.geometry_of``). ``seal``: authenticate (or encrypt) records
     (``kvtier.tiers.records.seal``); then only sealed records under the same secret are read.
     ``writer``: how record bytes reach a file; tests inject a failing or stalling one.
     """
