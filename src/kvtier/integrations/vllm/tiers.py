@@ -11,8 +11,7 @@ lower tiers probed behind it, what the ``Planner`` drives) finds what the worker
 without opening them:
 
 * disk: a record's path is deterministic (``tiers.disk.directory.record_path``), so a
-  ``stat`` per rank
-  tells (on the scheduler thread: local metadata only);
+  ``stat`` per rank tells (on the scheduler thread: local metadata only);
 * Redis: ``EXISTS`` of every rank's key, batched per rank, on a probe thread of its own (the
   step never waits on the network); the keys being probed are reported WRITING meanwhile.
 
