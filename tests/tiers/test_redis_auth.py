@@ -17,10 +17,10 @@ import pytest
 from tier_helpers import GEOMETRY, SLOT, Clock, RedisServer, free_port, items, key, payload
 
 from kvtier.cli.main import main
+from kvtier.tiers.build import TIER_BUILDERS
 from kvtier.tiers.config import HostConfig, RedisConfig, TierConfig
 from kvtier.tiers.redis.options import redact
 from kvtier.tiers.redis.tier import RedisTier
-from kvtier.tiers.build import TIER_BUILDERS
 
 SECRET = "s3cr3t-Pw_42"
 WRONG = "Wr0ng-Pw_17"
