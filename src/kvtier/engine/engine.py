@@ -55,7 +55,8 @@ class Engine:
 
     @property
     def kv_caches(self) -> list[list[torch.Tensor]]:
-        """Per group, per layer of the group: ``[num_blocks, 2, tokens_per_block, KVH, D]``."""
+        """Per group, per layer of the group: ``[num_blocks, 2, tokens_per_block, KVH, D]``
+        (a recurrent layer: ``[num_blocks, state_numel]``, one state per block)."""
         return self._cache.kv_caches
 
     def add_request(
