@@ -26,6 +26,7 @@ from e2e_helpers import (
 
 from kvtier import coverage
 from kvtier.engine import Completion, Engine, EngineConfig, reference_generate
+from kvtier.engine.attention import attend, attention_mask
 from kvtier.integrations.reference import KvtierOffloader
 from kvtier.keys import KeyChain
 from kvtier.tiers.config import DiskConfig, HostConfig, TierConfig
@@ -53,6 +54,55 @@ def test_a_state_hit_loads_one_state_and_the_attention_chunks() -> None:
     assert offloader.metrics.bytes_loaded == (4 * layout.groups[0].bytes_per_chunk
                                               + layout.groups[1].bytes_per_state)
     assert_same_generation(warm, cold)
+
+
+class Recorder:
+    """A ``StateIO`` for a run from token 0 that keeps every state it is given."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.numel = config.recurrent_shape.state_numel
+        self.rows: dict[int, torch.Tensor] = {}
+
+    def load(self, layer: int) -> torch.Tensor:
+        return torch.zeros(self.numel)
+
+    def save(self, layer: int, rows: torch.Tensor) -> None:
+        self.rows[layer] = rows
+
+
+def recomputed_states(config: EngineConfig, tokens: list[int]) -> dict[int, torch.Tensor]:
+    """Per recurrent layer, the state after every token, from one dense run."""
+    model = Engine(config).model
+    assert config.layer_groups is not None
+    groups = config.layer_groups
+
+    def dense(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              positions: torch.Tensor) -> torch.Tensor:
+        mask = attention_mask(config.groups[groups[layer]], positions, positions)
+        return attend(q, k, v, mask)
+
+    recorder = Recorder(config)
+    with torch.no_grad():
+        model.hidden(tokens, torch.arange(len(tokens)), dense, recorder)
+    return recorder.rows
+
+
+@pytest.mark.parametrize("layout", ["full-state", "window-state"])
+def test_each_stored_state_is_the_recomputed_state_after_its_chunks_last_token(
+    layout: str,
+) -> None:
+    config = HYBRIDS[layout]()
+    tokens = prompt(35)
+    offloader = KvtierOffloader.for_engine(config, host_bytes=HOST_BYTES)
+    run(Engine(config, offloader), [tokens])
+    states = recomputed_states(config, tokens)
+    layers = sorted(states)  # the slot holds the group's layers in order
+    for chunk in range(4):  # boundaries 8, 16, 24, 32: states after tokens 7, 15, 23, 31
+        stored = stored_state(offloader, tokens, chunk).view(len(layers), -1)
+        expected = torch.stack([states[layer][8 * chunk + 7] for layer in layers])
+        torch.testing.assert_close(stored, expected, rtol=1e-5, atol=1e-5)
+        wrong = torch.stack([states[layer][8 * chunk + 6] for layer in layers])
+        assert not torch.allclose(stored, wrong, rtol=1e-3, atol=1e-3)  # one token earlier
 
 
 @pytest.mark.parametrize("length", [15, 16, 17])
@@ -175,12 +225,32 @@ def test_negative_control_one_negated_state_element_fails_the_comparison() -> No
         assert_same_generation(warm, cold)
 
 
-def tiered(path: Path, config: EngineConfig) -> TieredStore:
-    """Host memory over a disk directory; every stored chunk is written through to disk."""
-    tiers = TierConfig(host=HostConfig(capacity=HOST_BYTES, pin_memory=False),
-                       disk=DiskConfig(path=str(path), capacity="64MiB", fsync=False),
-                       write_policy="write-through")
+def tiered(path: Path, config: EngineConfig, host_slots: int = 0) -> TieredStore:
+    """Host memory over a disk directory: ``host_slots`` slots written back to disk as they
+    are evicted, or (0) room for everything, every chunk written through to disk."""
+    slot = config.layout().max_bytes_per_chunk
+    host = HostConfig(capacity=host_slots * slot if host_slots else HOST_BYTES,
+                      pin_memory=False)
+    tiers = TierConfig(host=host, disk=DiskConfig(path=str(path), capacity="64MiB", fsync=False),
+                       write_policy="write-back" if host_slots else "write-through")
     return TieredStore.from_config(tiers, config.layout())
+
+
+def test_a_state_evicted_to_disk_is_promoted_and_restored(tmp_path: Path) -> None:
+    config = HYBRIDS["full-state"]()
+    first, second = prompt(35), prompt(35, salt=1)
+    with tiered(tmp_path, config, host_slots=8) as store:
+        with KvtierOffloader(config.layout(), store) as offloader:
+            engine = Engine(config, offloader)
+            [cold] = run(engine, [first])  # 8 chunks: 4 full, 4 states
+            run(engine, [second])  # 8 more push the first down to disk
+            engine.reset_device_cache()
+            assert store.flush()
+            [warm] = run(engine, [first])
+        stats = store.stats()
+    assert stats["disk"]["promoted"] == 4 + 1  # the hit: 4 full chunks and the state
+    assert warm.num_restored_tokens == 32
+    assert_same_generation(warm, cold)
 
 
 @pytest.mark.parametrize("layout", ["full-state", "window-state"])
