@@ -2,9 +2,10 @@
 
 A state group keeps, at boundary ``b``, the state after token ``b - 1`` (DESIGN section 3),
 one state per chunk. These tests run hybrid models of the reference engine (full attention or
-a sliding window next to gated-delta-net layers) cold, then restored from kvtier's tiers, and
-compare tokens and logits; the restore matrix over prompt lengths is in
-``test_restore_matrix.py`` (``HYBRIDS`` are among its layouts).
+a sliding window next to gated-delta-net layers) cold, then restored from kvtier's tiers (host
+memory; disk after a restart or an eviction; Redis from a second store), and compare tokens
+and logits; the restore matrix over prompt lengths is in ``test_restore_matrix.py``
+(``HYBRIDS`` are among its layouts).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from kvtier.engine import Completion, Engine, EngineConfig, reference_generate
 from kvtier.engine.attention import attend, attention_mask
 from kvtier.integrations.reference import KvtierOffloader
 from kvtier.keys import KeyChain
-from kvtier.tiers.config import DiskConfig, HostConfig, TierConfig
+from kvtier.tiers.config import DiskConfig, HostConfig, RedisConfig, TierConfig
 from kvtier.tiers.tiered import TieredStore
+from tiers.tier_helpers import REDIS_SERVER, RedisServer
 
 
 @pytest.mark.parametrize("layout", sorted(HYBRIDS))
@@ -264,5 +266,28 @@ def test_a_restarted_process_restores_the_state_from_disk(tmp_path: Path, layout
             [warm] = run(Engine(config, offloader), [tokens])
             assert offloader.metrics.waits == 1  # promoted from disk, then loaded
         assert store.stats()["disk"]["promoted"] >= 5
+    assert warm.num_restored_tokens == 32
+    assert_same_generation(warm, cold)
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH (CI installs it)")
+def test_a_second_node_restores_the_state_from_redis(tmp_path: Path) -> None:
+    # Two stores that share only a Redis server, as two serving processes would.
+    config = HYBRIDS["window-state"]()
+    tokens = prompt(37)
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        tiers = TierConfig(host=HostConfig(capacity=HOST_BYTES, pin_memory=False),
+                           redis=RedisConfig(url=server.url), write_policy="write-through")
+        with TieredStore.from_config(tiers, config.layout()) as store, \
+                KvtierOffloader(config.layout(), store) as producer:
+            [cold] = run(Engine(config, producer), [tokens])
+        with TieredStore.from_config(tiers, config.layout()) as store, \
+                KvtierOffloader(config.layout(), store) as consumer:
+            [warm] = run(Engine(config, consumer), [tokens])
+            assert consumer.metrics.waits == 1  # promoted from Redis, then loaded
+    finally:
+        server.stop()
     assert warm.num_restored_tokens == 32
     assert_same_generation(warm, cold)
