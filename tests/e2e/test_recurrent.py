@@ -250,7 +250,7 @@ def test_a_state_evicted_to_disk_is_promoted_and_restored(tmp_path: Path) -> Non
             assert store.flush()
             [warm] = run(engine, [first])
         stats = store.stats()
-    assert stats["disk"]["promoted"] == 4 + 1  # the hit: 4 full chunks and the state
+    assert stats["disk"]["promoted"] >= 4 + 1  # at least the hit: 4 full chunks, the state
     assert warm.num_restored_tokens == 32
     assert_same_generation(warm, cold)
 
