@@ -64,17 +64,73 @@ def llama_4_scout() -> Layout:
                   model="meta-llama/Llama-4-Scout-17B-16E")
 
 
+def gated_delta_net_state_bytes(
+    k_heads: int, v_heads: int, k_dim: int, v_dim: int, conv_kernel: int, dtype_bytes: int = 2
+) -> int:
+    """Bytes of one Gated DeltaNet layer's state: the recurrent state ``v_heads x v_dim x
+    k_dim`` plus the convolution state ``(conv_kernel - 1) x conv_dim``, where the causal
+    convolution runs over q, k and v together: ``conv_dim = 2 * k_heads * k_dim + v_heads *
+    v_dim`` (vLLM's ``MambaStateShapeCalculator.gated_delta_net_state_shape``).
+
+    Example: Qwen3-Next (16 key heads, 32 value heads of 128, kernel 4, bf16):
+    ``32 * 128 * 128 * 2 + 3 * 8192 * 2 = 1,097,728``.
+    """
+    conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
+    return (v_heads * v_dim * k_dim + (conv_kernel - 1) * conv_dim) * dtype_bytes
+
+
+def mamba2_state_bytes(
+    heads: int, head_dim: int, state_size: int, n_groups: int, conv_kernel: int,
+    conv_bytes: int = 2, ssm_bytes: int = 4,
+) -> int:
+    """Bytes of one Mamba2 layer's state: the SSM state ``heads x head_dim x state_size``
+    plus the convolution state ``(conv_kernel - 1) x conv_dim``, where the convolution runs
+    over x, B and C: ``conv_dim = heads * head_dim + 2 * n_groups * state_size`` (vLLM's
+    ``MambaStateShapeCalculator.mamba2_state_shape``). vLLM keeps NemotronH's SSM state in
+    fp32 by default (``NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE``) and the
+    convolution state in the model's dtype.
+
+    Example: Nemotron-H 8B (128 heads of 64, state 128, 8 groups, kernel 4):
+    ``128 * 64 * 128 * 4 + 3 * 10240 * 2 = 4,255,744``.
+    """
+    conv_dim = heads * head_dim + 2 * n_groups * state_size
+    return heads * head_dim * state_size * ssm_bytes + (conv_kernel - 1) * conv_dim * conv_bytes
+
+
+def _state(name: str, layers: int, bytes_per_layer: int) -> Group:
+    return Group("state", TOKENS_PER_BLOCK, BLOCKS_PER_CHUNK,
+                 bytes_per_state=layers * bytes_per_layer, num_layers=layers, name=name)
+
+
 def qwen3_next_80b() -> Layout:
     """48 layers: 12 gated attention (2 KV heads of 256) and 36 Gated DeltaNet layers.
 
-    A DeltaNet layer's state is its recurrent state (32 value heads x 128 x 128, bf16)
-    plus its convolution state (3 x 8192, bf16): 1,097,728 bytes, 36 of them per state.
+    From Qwen/Qwen3-Next-80B-A3B-Instruct's config.json: ``num_hidden_layers`` 48,
+    ``full_attention_interval`` 4 (12 full, 36 linear), ``num_key_value_heads`` 2,
+    ``head_dim`` 256, ``linear_num_key_heads`` 16, ``linear_num_value_heads`` 32,
+    ``linear_key_head_dim`` 128, ``linear_value_head_dim`` 128, ``linear_conv_kernel_dim`` 4,
+    bf16. One DeltaNet layer's state is 1,097,728 bytes (``gated_delta_net_state_bytes``),
+    36 of them per stored state: 37.7 MiB, against 6 MiB for a 256-token attention chunk.
     """
-    state = Group("state", TOKENS_PER_BLOCK, BLOCKS_PER_CHUNK,
-                  bytes_per_state=36 * (32 * 128 * 128 * 2 + 3 * 8192 * 2), num_layers=36,
-                  name="deltanet")
-    return Layout((_full("attention", 12, _kv(2, 256)), state),
+    return Layout((_full("attention", 12, _kv(2, 256)),
+                   _state("deltanet", 36, gated_delta_net_state_bytes(16, 32, 128, 128, 4))),
                   model="Qwen/Qwen3-Next-80B-A3B-Instruct")
+
+
+def nemotron_h_8b() -> Layout:
+    """52 layers: 4 attention (8 KV heads of 128), 24 Mamba2 and 24 MLP-only layers.
+
+    From nvidia/Nemotron-H-8B-Base-8K's config.json: ``hybrid_override_pattern``
+    ``M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-`` (24 ``M``, 4 ``*``),
+    ``num_key_value_heads`` 8, ``attention_head_dim`` 128, ``mamba_num_heads`` 128,
+    ``mamba_head_dim`` 64, ``ssm_state_size`` 128, ``n_groups`` 8, ``conv_kernel`` 4, bf16
+    (SSM state fp32 in vLLM). One Mamba2 layer's state is 4,255,744 bytes
+    (``mamba2_state_bytes``), 24 of them per stored state: 97.4 MiB, against 4 MiB for a
+    256-token attention chunk. MLP-only layers hold no cache.
+    """
+    return Layout((_full("attention", 4, _kv(8, 128)),
+                   _state("mamba2", 24, mamba2_state_bytes(128, 64, 128, 8, 4))),
+                  model="nvidia/Nemotron-H-8B-Base-8K")
 
 
 def deepseek_v3() -> Layout:
@@ -88,6 +144,7 @@ PRESETS: dict[str, Callable[[], Layout]] = {
     "gemma-3-27b": gemma_3_27b,
     "llama-4-scout": llama_4_scout,
     "qwen3-next-80b": qwen3_next_80b,
+    "nemotron-h-8b": nemotron_h_8b,
     "deepseek-v3": deepseek_v3,
 }
 

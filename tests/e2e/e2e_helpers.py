@@ -68,6 +68,47 @@ def three_groups() -> EngineConfig:
     )
 
 
+def full_and_state() -> EngineConfig:
+    """Full attention next to two recurrent layers (a ``state`` group), both 8-token chunks:
+    the Qwen3-Next shape, one state kept per block boundary."""
+    return _config(
+        GroupSpec("full", num_layers=1, tokens_per_block=4, blocks_per_chunk=2),
+        GroupSpec("state", num_layers=2, tokens_per_block=4, blocks_per_chunk=2),
+    )
+
+
+def window_and_state() -> EngineConfig:
+    """Sliding window 10 (``E = 1``) next to a recurrent layer: no group keeps the prefix."""
+    return _config(
+        GroupSpec("sliding_window", num_layers=1, tokens_per_block=4, blocks_per_chunk=2,
+                  window=10, extra_retained=1),
+        GroupSpec("state", num_layers=1, tokens_per_block=4, blocks_per_chunk=2),
+    )
+
+
+def state_blocks() -> EngineConfig:
+    """16-token full chunks over 8-token state blocks: only every other state is needed."""
+    return _config(
+        GroupSpec("full", num_layers=1, tokens_per_block=4, blocks_per_chunk=4),
+        GroupSpec("state", num_layers=1, tokens_per_block=8),
+    )
+
+
+def state_per_token() -> EngineConfig:
+    """A state kept after every token: the one state layout that allows whole-prompt hits."""
+    return _config(
+        GroupSpec("full", num_layers=1, tokens_per_block=4, blocks_per_chunk=2),
+        GroupSpec("state", num_layers=1, tokens_per_block=1),
+    )
+
+
+HYBRIDS: dict[str, Callable[[], EngineConfig]] = {
+    "full-state": full_and_state,
+    "window-state": window_and_state,
+    "state-blocks": state_blocks,
+    "state-per-token": state_per_token,
+}
+
 LAYOUTS: dict[str, Callable[[], EngineConfig]] = {
     "full": full_only,
     "window-E0": lambda: full_and_window(0),
@@ -76,6 +117,7 @@ LAYOUTS: dict[str, Callable[[], EngineConfig]] = {
     "chunked-local": chunked_local,
     "block-sizes": block_sizes_per_group,
     "three-groups": three_groups,
+    **HYBRIDS,
 }
 
 

@@ -43,6 +43,25 @@ def test_after_every_step_exactly_the_retained_blocks_are_held(max_prefill_token
     assert all(engine.num_free_blocks(g) == 40 for g in range(3))
 
 
+@pytest.mark.parametrize("max_prefill_tokens", [1, 5, 16])
+def test_a_state_group_holds_one_block_the_state_after_the_last_token(
+    max_prefill_tokens: int,
+) -> None:
+    groups = (GroupSpec("full", tokens_per_block=4), GroupSpec("state", tokens_per_block=4))
+    engine = Engine(EngineConfig(groups=groups, max_prefill_tokens=max_prefill_tokens,
+                                 num_blocks=24))
+    rid = engine.add_request(prompt(23, 0), max_tokens=5)
+    while engine.has_unfinished():
+        engine.step()
+        request = engine.get_request(rid)
+        if request.status is RequestStatus.RUNNING:
+            n = request.num_computed_tokens
+            assert held(engine, rid)[1] == [(n - 1) // 4] == list(retained_blocks(
+                engine.layout.groups[1], n))
+            assert engine.num_free_blocks(1) == 23
+    assert engine.num_free_blocks(1) == 24
+
+
 def test_sliding_window_frees_behind_the_window_during_decode() -> None:
     # W = 6, E = 0, 4-token blocks: at n = 30, retained is [25, 30), blocks 6 and 7.
     config = EngineConfig(groups=(GroupSpec("sliding_window", tokens_per_block=4, window=6),),

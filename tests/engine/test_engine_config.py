@@ -28,6 +28,23 @@ def test_layout_matches_the_model() -> None:
     assert config.layer_groups == (0, 1, 2, 1)
 
 
+def test_a_state_group_is_recurrent_layers_with_one_state_per_block() -> None:
+    config = EngineConfig(groups=(GroupSpec("full", tokens_per_block=4, blocks_per_chunk=2),
+                                  GroupSpec("state", num_layers=2, tokens_per_block=4)),
+                          linear_num_heads=2, linear_head_dim=8, conv_kernel=4, num_blocks=10)
+    state = config.layout().groups[1]
+    # conv state 3 taps x (q, k, v of 2 heads of 8) + delta-rule state 2 x 8 x 8, fp32
+    assert state.kind == "state" and state.bytes_per_token is None
+    assert state.bytes_per_state == 2 * (3 * 48 + 2 * 8 * 8) * 4 == 2176
+    assert config.layer_groups == (0, 1, 1)
+    assert [config.is_recurrent(i) for i in range(3)] == [False, True, True]
+    engine = Engine(config)
+    assert [t.shape for t in engine.kv_caches[1]] == [(10, 272), (10, 272)]
+    assert config.model_id != EngineConfig(groups=config.groups, conv_kernel=3).model_id
+    # models without recurrent layers keep their identity whatever the recurrent settings
+    assert mixed_config().model_id == mixed_config(conv_kernel=3).model_id
+
+
 def test_kv_tensors_follow_the_layout() -> None:
     engine = Engine(mixed_config(num_blocks=10))
     for group, tensors in zip(engine.layout.groups, engine.kv_caches, strict=True):
@@ -40,7 +57,11 @@ def test_kv_tensors_follow_the_layout() -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: GroupSpec("state"), "not supported"),  # type: ignore[arg-type]
+        (lambda: GroupSpec("recurrent"), "kind must be one of"),  # type: ignore[arg-type]
+        (lambda: GroupSpec("state", window=4), "window is only"),
+        (lambda: EngineConfig(groups=(GroupSpec("state"),), conv_kernel=1), "conv_kernel"),
+        (lambda: EngineConfig(groups=(GroupSpec("state"),), linear_head_dim=0),
+         "linear_head_dim"),
         (lambda: GroupSpec("sliding_window"), "window"),
         (lambda: GroupSpec("full", window=4), "window is only"),
         (lambda: GroupSpec("full", num_layers=0), "num_layers"),

@@ -1,4 +1,4 @@
-"""The reference engine: a tiny hybrid-attention transformer with paged, per-group KV.
+"""The reference engine: a tiny hybrid transformer with paged, per-group KV and states.
 
 It exists to prove, on a real forward pass, that a request restored from kvtier's tiers
 produces the same logits and tokens as the same request computed cold. It needs the
@@ -11,6 +11,7 @@ Build an engine and its matching kvtier layout from one config::
     config = EngineConfig(groups=(
         GroupSpec("full", num_layers=1, tokens_per_block=4, blocks_per_chunk=2),
         GroupSpec("sliding_window", num_layers=2, tokens_per_block=4, window=6),
+        GroupSpec("state", num_layers=2, tokens_per_block=4),   # recurrent layers
     ))
     layout = config.layout()            # kvtier.layout.Layout, sizes filled in
     engine = Engine(config, offloader)  # offloader: any kvtier.engine.Offloader

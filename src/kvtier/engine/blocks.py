@@ -105,8 +105,10 @@ class PagedKVCache:
     """All layers' KV tensors, group outermost, with their group's pools.
 
     Layers are the target's, then one per draft module (layer ``num_layers + m - 1`` in group
-    ``len(groups) + m - 1``). A ``state`` group (the draft tail's hidden states) holds one
-    tensor ``[num_blocks, tokens_per_block, hidden_size]`` and no layer.
+    ``len(groups) + m - 1``). A recurrent layer (target ``state`` group) holds one state row
+    per block: ``[num_blocks, state_numel]`` (``kvtier.engine.recurrent``). The draft tail's
+    ``hidden`` state group holds one tensor ``[num_blocks, tokens_per_block, hidden_size]``
+    and no layer.
     """
 
     def __init__(self, config: EngineConfig) -> None:
@@ -120,16 +122,32 @@ class PagedKVCache:
         for group in (*config.layer_groups, *drafts):
             self._where.append((group, len(self.kv_caches[group])))
             self.kv_caches[group].append(self._new_tensor(group))
-        for g, group_spec in enumerate(layout.groups):
-            if group_spec.kind == "state":
+        for g in range(len(config.groups) + config.num_draft_modules, len(layout.groups)):
+            if layout.groups[g].kind == "state":  # the hidden states of the draft tail
                 shape = (config.num_blocks, self._tpb[g], config.hidden_size)
                 self.kv_caches[g].append(torch.full(shape, float("nan"), dtype=torch.float32))
         self.pools = [BlockPool(config.num_blocks, g) for g in range(len(layout.groups))]
 
     def _new_tensor(self, group: int) -> torch.Tensor:
         cfg = self.config
-        shape = (cfg.num_blocks, 2, self._tpb[group], cfg.num_kv_heads, cfg.head_dim)
+        shape: tuple[int, ...]
+        if group < len(cfg.groups) and cfg.groups[group].kind == "state":
+            shape = (cfg.num_blocks, cfg.recurrent_shape.state_numel)
+        else:
+            shape = (cfg.num_blocks, 2, self._tpb[group], cfg.num_kv_heads, cfg.head_dim)
         return torch.full(shape, float("nan"), dtype=torch.float32)
+
+    def read_row(self, layer: int, table: BlockTable, block: int) -> torch.Tensor:
+        """A recurrent layer's state row in logical block ``block`` (which must be held)."""
+        physical = table[block]
+        assert physical is not None, f"layer {layer}: state block {block} is not held"
+        return self._tensor(layer)[physical].clone()
+
+    def write_row(self, layer: int, table: BlockTable, block: int, row: torch.Tensor) -> None:
+        """Write a recurrent layer's state row into logical block ``block``."""
+        physical = table[block]
+        assert physical is not None, f"layer {layer}: writing state to unheld block {block}"
+        self._tensor(layer)[physical] = row
 
     def write_state(self, group: int, table: BlockTable, start: int, rows: torch.Tensor) -> None:
         """Write per-position rows (hidden states) of ``start ..`` into a state group's blocks.

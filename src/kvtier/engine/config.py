@@ -13,6 +13,10 @@ Example::
     ))
     cfg.layer_groups   # (0, 1, 1): round robin, group 0 runs out after one layer
     cfg.layout().groups[1].bytes_per_token   # 2 * 2 layers * 2 kv heads * 16 * 4 = 512
+
+A ``state`` group is recurrent layers (``kvtier.engine.recurrent``, a gated delta net): no
+per-token KV, one state per sequence, kept by the engine at each block boundary in a block of
+its own (the state after the block's last token), so kvtier stores one state per chunk.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from kvtier.engine.recurrent import RecurrentShape
 from kvtier.engine.speculative_config import SpeculativeConfig, speculative_layout
 from kvtier.layout import Group, Layout
 
-AttentionKind = Literal["full", "sliding_window", "chunked_local"]
+AttentionKind = Literal["full", "sliding_window", "chunked_local", "state"]
 ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 
 #: Bytes of one KV element: the reference engine computes and caches in fp32.
@@ -47,7 +52,7 @@ class GroupSpec:
     """
 
     kind: AttentionKind
-    """``full``, ``sliding_window`` or ``chunked_local`` (recurrent state is not modelled)."""
+    """``full``, ``sliding_window``, ``chunked_local`` or ``state`` (recurrent layers)."""
     num_layers: int = 1
     """Decoder layers in this group; they share one block table."""
     tokens_per_block: int = 4
@@ -64,17 +69,16 @@ class GroupSpec:
     def __post_init__(self) -> None:
         where = f"GroupSpec({self.kind!r})"
         if self.kind not in ATTENTION_KINDS:
-            raise ValueError(
-                f"{where}: kind must be one of {list(ATTENTION_KINDS)}; recurrent 'state' "
-                "groups are not supported by the reference engine"
-            )
+            raise ValueError(f"{where}: kind must be one of {list(ATTENTION_KINDS)}")
         _positive("num_layers", self.num_layers, where)
         # The remaining fields are validated by kvtier.layout.Group, the one place that
         # knows which kind takes which field.
-        self.to_group(bytes_per_token=1, name="check")
+        self.to_group(1, name="check")
 
-    def to_group(self, bytes_per_token: int, name: str) -> Group:
-        """The kvtier ``Group`` for this spec, with the given KV bytes per token."""
+    def to_group(self, num_bytes: int, name: str) -> Group:
+        """The kvtier ``Group`` for this spec: ``num_bytes`` is KV bytes per token, or for a
+        ``state`` group the bytes of one state (all its layers)."""
+        state = self.kind == "state"
         return Group(
             kind=self.kind,
             tokens_per_block=self.tokens_per_block,
@@ -82,7 +86,8 @@ class GroupSpec:
             window=self.window,
             extra_retained=self.extra_retained,
             chunk=self.chunk,
-            bytes_per_token=bytes_per_token,
+            bytes_per_token=None if state else num_bytes,
+            bytes_per_state=num_bytes if state else None,
             num_layers=self.num_layers,
             name=name,
         )
@@ -127,6 +132,12 @@ class EngineConfig:
     """Passed to the layout; 0 means the lcm of the groups' ``tokens_per_chunk``."""
     speculative: SpeculativeConfig | None = None
     """Draft modules for speculative decoding (``kvtier.engine.speculative_config``); None: off."""
+    linear_num_heads: int = 2
+    """Heads of each recurrent (``state``) layer's delta rule."""
+    linear_head_dim: int = 8
+    """Key and value width of one recurrent head."""
+    conv_kernel: int = 4
+    """Taps of each recurrent layer's causal convolution (>= 2)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple):
@@ -135,13 +146,15 @@ class EngineConfig:
             raise ValueError("EngineConfig: groups must be a non-empty sequence of GroupSpec")
         for name in ("hidden_size", "num_heads", "num_kv_heads", "head_dim",
                      "intermediate_size", "vocab_size", "num_blocks", "max_prefill_tokens",
-                     "max_running"):
+                     "max_running", "linear_num_heads", "linear_head_dim", "conv_kernel"):
             _positive(name, getattr(self, name), "EngineConfig")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"EngineConfig: num_kv_heads {self.num_kv_heads} must divide "
                 f"num_heads {self.num_heads}"
             )
+        if self.conv_kernel < 2:
+            raise ValueError(f"EngineConfig: conv_kernel must be >= 2, got {self.conv_kernel}")
         if self.head_dim % 2:
             raise ValueError(f"EngineConfig: head_dim must be even for rotary, got {self.head_dim}")
         if self.layer_groups is None:
@@ -177,6 +190,23 @@ class EngineConfig:
         """The lcm of every group's ``tokens_per_block``: a hit must be a multiple of it."""
         return math.lcm(*(g.tokens_per_block for g in self.groups))
 
+    @property
+    def recurrent_shape(self) -> RecurrentShape:
+        """The state geometry of every recurrent layer."""
+        return RecurrentShape(self.linear_num_heads, self.linear_head_dim, self.conv_kernel)
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` is a recurrent layer (in a ``state`` group)."""
+        assert self.layer_groups is not None
+        return self.groups[self.layer_groups[layer]].kind == "state"
+
+    def group_bytes(self, group_index: int) -> int:
+        """``bytes_per_token`` of an attention group; for a ``state`` group the bytes of one
+        state: ``layers * state_numel * 4`` (``kvtier.engine.recurrent``)."""
+        if self.groups[group_index].kind != "state":
+            return self.bytes_per_token(group_index)
+        return self.groups[group_index].num_layers * self.recurrent_shape.state_numel * 4
+
     def bytes_per_token(self, group_index: int) -> int:
         """KV bytes per token of one group: ``2 * layers * kv_heads * head_dim * 4``.
 
@@ -195,7 +225,13 @@ class EngineConfig:
         return (self.groups, self.layer_groups, self.hidden_size, self.num_heads,
                 self.num_kv_heads, self.head_dim, self.intermediate_size, self.vocab_size,
                 self.rope_theta, self.rms_eps, self.seed,
-                self.speculative and self.speculative.identity)
+                self.speculative and self.speculative.identity, *self._recurrent_identity())
+
+    def _recurrent_identity(self) -> tuple[int, ...]:
+        """Recurrent dimensions, only when a layer uses them (other models keep their ids)."""
+        if not any(g.kind == "state" for g in self.groups):
+            return ()
+        return (self.linear_num_heads, self.linear_head_dim, self.conv_kernel)
 
     @property
     def num_draft_modules(self) -> int:
@@ -209,7 +245,7 @@ class EngineConfig:
         module and the ``hidden`` state group (``kvtier.engine.speculative_config``).
         """
         groups = tuple(
-            spec.to_group(self.bytes_per_token(i), name=f"g{i}-{spec.kind}")
+            spec.to_group(self.group_bytes(i), name=f"g{i}-{spec.kind}")
             for i, spec in enumerate(self.groups)
         )
         layout = Layout(groups=groups, hit_granularity=self.hit_granularity,

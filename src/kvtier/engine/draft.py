@@ -15,7 +15,7 @@ is the first position it has not computed with true inputs: ``min(horizon, known
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -35,22 +35,31 @@ class DraftWeights:
 def init_drafts(target: TinyModel) -> tuple[DraftWeights, ...]:
     """Draft modules "distilled" from the target without training, so acceptance is high.
 
-    Module ``m`` copies the target's first layer and feeds it mostly the embedding of token
-    ``i + m``: rotary attention is relative, so at position ``i`` it reads the sequence
-    shifted by ``m`` much as the target's first layer does at ``i + m``. A small random
+    Module ``m`` copies the target's first attention layer and feeds it mostly the embedding
+    of token ``i + m``: rotary attention is relative, so at position ``i`` it reads the
+    sequence shifted by ``m`` much as that target layer does at ``i + m``. A small random
     share of the hidden state ``h[m - 1][i]`` (seed ``config.seed + 1000 + m``) keeps the
     hidden states, and so the stored draft tail, on the path: a wrong one changes drafts.
     """
     config = target.config
     h = config.hidden_size
+    layer = _first_attention_layer(target)
     out = []
     for m in range(1, config.num_draft_modules + 1):
         gen = torch.Generator().manual_seed(config.seed + 1000 + m)
         mix = 0.2 * torch.randn(h, h, generator=gen) / h**0.5
         out.append(DraftWeights(hidden_norm=torch.ones(h), embed_norm=target.weights.embed.std()
                                 * torch.ones(h), proj=torch.cat((mix, torch.eye(h))),
-                                layer=target.weights.layers[0]))
+                                layer=layer))
     return tuple(out)
+
+
+def _first_attention_layer(target: TinyModel) -> LayerWeights:
+    """The target's first attention layer (a draft module is one); in a model of recurrent
+    layers only, the first layer's attention weights, drawn but unused by the target."""
+    layers = target.weights.layers
+    attention = (w for w in layers if w.recurrent is None)
+    return next(attention, replace(layers[0], recurrent=None))
 
 
 class DraftModel:

@@ -5,6 +5,8 @@ Each ``step`` admits waiting requests (``lookup``, allocate the hit's retained b
 ``max_prefill_tokens`` prompt tokens, or one generated token. After the piece it reports
 the horizon (``on_computed``) and returns to the pool every block outside
 ``kvtier.coverage.retained_blocks(group, horizon)``, behind the ``before_free`` fence.
+Recurrent layers keep their state at each block boundary in a block of their own
+(``kvtier.engine.states``), so that same rule keeps one state block per request.
 
 Example::
 
@@ -28,6 +30,7 @@ from kvtier.engine.hooks import NullOffloader, Offloader
 from kvtier.engine.model import AttentionFn, TinyModel
 from kvtier.engine.request import BlockTables, Completion, Request, RequestStatus
 from kvtier.engine.speculative import Speculator
+from kvtier.engine.states import PagedStates
 
 
 class Engine:
@@ -42,6 +45,7 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._requests: dict[str, Request] = {}
+        self._run_states: PagedStates | None = None  # the recurrent states of the step's run
         self._spec = (None if config.speculative is None else
                       Speculator(config, self.model, self._cache, self.layout, self._hold))
         self._offloader.register_kv_caches(self.kv_caches)
@@ -51,7 +55,8 @@ class Engine:
 
     @property
     def kv_caches(self) -> list[list[torch.Tensor]]:
-        """Per group, per layer of the group: ``[num_blocks, 2, tokens_per_block, KVH, D]``."""
+        """Per group, per layer of the group: ``[num_blocks, 2, tokens_per_block, KVH, D]``
+        (a recurrent layer: ``[num_blocks, state_numel]``, one state per block)."""
         return self._cache.kv_caches
 
     def add_request(
@@ -189,6 +194,9 @@ class Engine:
                 request.output_token_ids.append(int(torch.argmax(logits[-1])))
             if self._spec is not None:
                 self._spec.target_computed(request, start, hidden)
+        if self._run_states is not None:
+            self._run_states.commit(request.num_computed_tokens)
+            self._run_states = None
         self._offloader.on_computed(
             request, request.num_computed_tokens, request.tables_snapshot()
         )
@@ -198,8 +206,10 @@ class Engine:
         """Run the target over ``tokens`` at ``start ..``; their final hidden states."""
         self._allocate(request, start, start + len(tokens))
         positions = torch.arange(start, start + len(tokens))
+        self._run_states = PagedStates(self._cache, request, start)
         with torch.no_grad():
-            return self.model.hidden(tokens, positions, self._paged_attention(request, start))
+            return self.model.hidden(tokens, positions, self._paged_attention(request, start),
+                                     self._run_states)
 
     def _hold(self, request: Request, group: int, start: int, stop: int) -> None:
         """Hold a block of one group for every logical block ``[start, stop)`` touches."""

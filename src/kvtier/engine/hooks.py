@@ -50,7 +50,8 @@ class Offloader(Protocol):
     def register_kv_caches(self, kv_caches: list[list[torch.Tensor]]) -> None:
         """The engine's KV tensors, group outermost, one per layer of the group.
 
-        Each is ``[num_blocks, 2, tokens_per_block, kv_heads, head_dim]`` fp32; physical
+        Each is ``[num_blocks, 2, tokens_per_block, kv_heads, head_dim]`` fp32, or for a
+        recurrent layer one state row per block ``[num_blocks, state_numel]``; physical
         block ``i`` of a group is row ``i`` of each of its tensors. The tensors live as long
         as the engine (``reset_device_cache`` refills them in place).
         """

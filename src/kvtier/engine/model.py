@@ -3,7 +3,10 @@
 Pre-norm layers: ``x + attn(rmsnorm(x))`` then ``x + swiglu(rmsnorm(x))``; rotary
 embeddings on queries and keys; grouped-query attention. How a layer gets the keys of
 earlier positions is left to the caller through an ``AttentionFn``: the paged engine reads
-them from its block tables, ``dense_logits`` recomputes every position from scratch.
+them from its block tables, ``dense_logits`` recomputes every position from scratch. A
+recurrent layer (``state`` group) mixes tokens by a gated delta net instead
+(``kvtier.engine.recurrent``), from a state a ``StateIO`` hands it (the engine's paged
+state blocks, or a zero state for a run from token 0).
 
 Example::
 
@@ -15,13 +18,20 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
 from kvtier.engine.attention import attend, attention_mask, rotary
 from kvtier.engine.config import EngineConfig
+from kvtier.engine.recurrent import (
+    FreshState,
+    RecurrentWeights,
+    StateIO,
+    init_recurrent,
+    recurrent_mix,
+)
 
 
 class AttentionFn(Protocol):
@@ -48,6 +58,8 @@ class LayerWeights:
     w_gate: torch.Tensor
     w_up: torch.Tensor
     w_down: torch.Tensor
+    recurrent: RecurrentWeights | None = None
+    """The mixer of a recurrent layer, used instead of the attention weights above."""
 
 
 @dataclass(frozen=True)
@@ -83,11 +95,21 @@ def init_weights(config: EngineConfig) -> ModelWeights:
     """Random weights drawn from ``torch.Generator().manual_seed(config.seed)``."""
     gen = torch.Generator().manual_seed(config.seed)
     h = config.hidden_size
-    layers = tuple(init_layer(gen, config) for _ in range(config.num_layers))
+    layers = tuple(_with_mixer(init_layer(gen, config), config, i)
+                   for i in range(config.num_layers))
     return ModelWeights(
         embed=torch.randn(config.vocab_size, h, generator=gen), layers=layers,
         final_norm=_norm(gen, h), lm_head=_linear(gen, h, config.vocab_size),
     )
+
+
+def _with_mixer(layer: LayerWeights, config: EngineConfig, index: int) -> LayerWeights:
+    """A recurrent layer gets its mixer from its own generator (seed ``config.seed + 2000 +
+    index``), so that attention-only models draw exactly the weights they always did."""
+    if not config.is_recurrent(index):
+        return layer
+    gen = torch.Generator().manual_seed(config.seed + 2000 + index)
+    return replace(layer, recurrent=init_recurrent(gen, config.hidden_size, config.recurrent_shape))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -102,18 +124,23 @@ class TinyModel:
         self.weights = init_weights(config)
 
     def forward(
-        self, token_ids: Sequence[int], positions: torch.Tensor, attention: AttentionFn
+        self, token_ids: Sequence[int], positions: torch.Tensor, attention: AttentionFn,
+        states: StateIO | None = None,
     ) -> torch.Tensor:
         """Logits ``[n, vocab]`` of ``n`` new tokens at ``positions``."""
-        return self.logits(self.hidden(token_ids, positions, attention))
+        return self.logits(self.hidden(token_ids, positions, attention, states))
 
     def hidden(
-        self, token_ids: Sequence[int], positions: torch.Tensor, attention: AttentionFn
+        self, token_ids: Sequence[int], positions: torch.Tensor, attention: AttentionFn,
+        states: StateIO | None = None,
     ) -> torch.Tensor:
-        """Final hidden states ``[n, hidden]`` (before the final norm): what drafts read."""
+        """Final hidden states ``[n, hidden]`` (before the final norm): what drafts read.
+
+        ``states`` feeds recurrent layers; None means a run from token 0 that keeps nothing.
+        """
         x = self.embed(token_ids)
         for index, layer in enumerate(self.weights.layers):
-            x = self.block(index, layer, x, positions, attention)
+            x = self.block(index, layer, x, positions, attention, states)
         return x
 
     def embed(self, token_ids: Sequence[int]) -> torch.Tensor:
@@ -121,10 +148,14 @@ class TinyModel:
 
     def block(
         self, index: int, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor,
-        attention: AttentionFn,
+        attention: AttentionFn, states: StateIO | None = None,
     ) -> torch.Tensor:
-        """One pre-norm decoder layer; ``index`` names its KV to ``attention``."""
-        x = x + self._attention(index, layer, x, positions, attention)
+        """One pre-norm decoder layer; ``index`` names its KV to ``attention`` (or its state
+        to ``states``, for a recurrent layer)."""
+        if layer.recurrent is None:
+            x = x + self._attention(index, layer, x, positions, attention)
+        else:
+            x = x + self._recurrent(index, layer.recurrent, layer, x, positions, states)
         return x + self._mlp(layer, x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -143,6 +174,19 @@ class TinyModel:
         q = rotary(q, positions, cfg.rope_theta)
         k = rotary(k, positions, cfg.rope_theta)
         return attention(index, q, k, v, positions) @ layer.wo
+
+    def _recurrent(
+        self, index: int, mixer: RecurrentWeights, layer: LayerWeights, x: torch.Tensor,
+        positions: torch.Tensor, states: StateIO | None,
+    ) -> torch.Tensor:
+        shape = self.config.recurrent_shape
+        if states is None:
+            assert int(positions[0]) == 0, "a recurrent layer past token 0 needs its state"
+            states = FreshState(shape)
+        h = rms_norm(x, layer.attn_norm, self.config.rms_eps)
+        out, rows = recurrent_mix(mixer, shape, h, states.load(index))
+        states.save(index, rows)
+        return out
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         h = rms_norm(x, layer.mlp_norm, self.config.rms_eps)

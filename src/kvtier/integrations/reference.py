@@ -35,12 +35,15 @@ The batch's planner jobs succeed or fail together.
 WAIT. The planner answers WAIT when a larger hit needs chunks that are still being written
 or loaded. The reference engine has no scheduler that asks again later, so ``lookup``
 resolves it at once: it completes every transfer job in flight (all of them are this
-offloader's) and asks again. A second WAIT can only come from chunks another planner
+offloader's), waits for a ``TieredStore``'s promotions from its lower tiers (disk, Redis)
+into host slots, and asks again. A second WAIT can only come from chunks another planner
 sharing the store is writing; it is taken as a miss.
 
 Tiers outlive the engine's device cache: after ``engine.reset_device_cache()`` the same
 offloader restores from its store, and a fresh ``Engine(config, offloader)`` re-registers
-and restores from it too. Two offloaders can share one store:
+and restores from it too. The store is a host ``ChunkStore``, or a ``TieredStore`` whose
+host slab sits above disk and Redis (``TieredStore.from_config``): a new process's store over
+the same disk directory restores what the last one wrote. Two offloaders can share one store:
 ``KvtierOffloader(config.layout(), first.store)``. An offloader serves one engine at a
 time: the one that registered last.
 
@@ -72,6 +75,7 @@ from kvtier.layout import Layout
 from kvtier.planner import Metrics, Outcome, PlannedCopy, Planner, RequestLimits, TransferJob
 from kvtier.store import ChunkStore, ZeroCopyBackend
 from kvtier.tiers.host import host_store
+from kvtier.tiers.tiered import TieredStore
 from kvtier.transfer import (
     DEFAULT_STAGING_BYTES,
     ChunkCopy,
@@ -99,7 +103,8 @@ class _Live:
 class KvtierOffloader:
     """The reference engine's ``Offloader`` on a planner, a host store and the data plane.
 
-    ``store`` must be backed by a zero-copy tier (``kvtier.tiers.host.host_store``). ``namespace``
+    ``store`` must be backed by a zero-copy tier (``kvtier.tiers.host.host_store``, or a
+    ``TieredStore``, whose host slab is one). ``namespace``
     defaults to the layout's model and KV dtype. ``limits`` apply to every request (by
     default prompts and answers are both stored, for multi-turn chat). ``fault`` is the
     transfer engine's fault hook, for tests.
@@ -108,7 +113,7 @@ class KvtierOffloader:
     def __init__(
         self,
         layout: Layout,
-        store: ChunkStore,
+        store: ChunkStore | TieredStore,
         *,
         namespace: Namespace | None = None,
         limits: RequestLimits | None = None,
@@ -176,6 +181,8 @@ class KvtierOffloader:
         result = self.planner.lookup(pid)
         if result.outcome is Outcome.WAIT:
             self.drain()
+            if isinstance(self.store, TieredStore):
+                self.store.flush()  # promotions from a lower tier into host slots
             result = self.planner.lookup(pid)
         return result.hit_tokens if result.outcome is Outcome.HIT else 0
 
