@@ -20,6 +20,7 @@ COMPILED = [
     "src/kvtier/coverage.py",
     "src/kvtier/integrations/vllm/scheduler.py",
     "src/kvtier/planner/binding.py",
+    "src/kvtier/planner/jobs.py",
     "src/kvtier/planner/lookup.py",
     "src/kvtier/planner/planner.py",
     "src/kvtier/planner/requests.py",
