@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from kvtier.boundaries import BoundaryMode
 from kvtier.layout import Layout
-from kvtier.replay.refs import RequestRefs, StoreScope, replay_namespace, request_refs
+from kvtier.replay.refs import RefsPlanner, RequestRefs, StoreScope, replay_namespace
 from kvtier.replay.timing import TimingModel
 from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest, TraceSource
 from kvtier.store.admission import Admission
@@ -96,9 +96,9 @@ class Workload:
     def items(self, progress: Progress | None = None) -> Iterator[tuple[TraceRequest, RequestRefs]]:
         """Each request with its references, in trace order, computed one at a time."""
         c = self.config
-        namespace = replay_namespace(c.layout)
+        planner = RefsPlanner(c.layout, replay_namespace(c.layout), c.block_tokens, c.scope)
         for req in self.stream():
-            yield req, request_refs(c.layout, namespace, req, c.block_tokens, c.scope)
+            yield req, planner.refs(req)
             if progress is not None:
                 progress(1)
 

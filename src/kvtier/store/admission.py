@@ -121,17 +121,21 @@ class OfferWindow:
         whose offer, were ``keys`` offered one after another now, would find at least
         ``after - 1`` offers of the same key among the last ``window`` offers before it."""
         counts, need, ring, window = self._counts, self.after - 1, self._ring, self.window
+        pos = self._pos
         gone: dict[int, int] = {}  # offers that leave the window before the current key
-        dropped = 0
+        # before key i, the oldest max(0, min(len(ring), len(ring) + i - window)) offers have
+        # left: that grows by at most one per key
+        dropped, late, full = 0, len(ring) - window, len(ring)
         admitted: list[ChunkKey] = []
         declined: list[ChunkKey] = []
-        for i, k in enumerate(keys):
-            while dropped < min(len(ring), len(ring) + i - window):
-                old = ring[(self._pos + dropped) % window]
+        for k in keys:
+            if late > dropped and dropped < full:
+                old = ring[(pos + dropped) % window]
                 gone[old] = gone.get(old, 0) + 1
                 dropped += 1
+            late += 1
             fp = fingerprint(k)
-            seen = counts.get(fp, 0) - gone.get(fp, 0)
+            seen = counts.get(fp, 0) - gone.get(fp, 0) if gone else counts.get(fp, 0)
             (admitted if seen >= need else declined).append(k)
         return admitted, declined
 
