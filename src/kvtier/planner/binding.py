@@ -43,6 +43,7 @@ class ChunkBinder:
         # groups whose stored chunks hold every block need no store_blocks call at all
         self._whole = [g.blocks_per_chunk if coverage.stores_whole_chunks(g) else 0
                        for g in layout.groups]
+        self._needs_parent = [coverage.needs_predecessor(g) for g in layout.groups]
 
     def _run(self, gi: int, chunk: int) -> tuple[int, int, int]:
         run = coverage.store_blocks(self.layout, gi, chunk)
@@ -74,13 +75,17 @@ class ChunkBinder:
         return [next(found[c.group]) for c in live]
 
     def parents(self, req: RequestState, live: list[LiveChunk]) -> list[ChunkKey | None]:
-        """The eviction hint: each chunk's predecessor, where a hit needs both."""
-        groups = self.layout.groups
-        return [
-            req.chain.key(c.group, c.chunk - 1)
-            if c.chunk and coverage.needs_predecessor(groups[c.group]) else None
-            for c in live
-        ]
+        """The eviction hint: each chunk's predecessor, where a hit needs both (hashed per
+        group in one batch, as ``keys``)."""
+        needs = self._needs_parent
+        wanted = [c.chunk - 1 if c.chunk and needs[c.group] else -1 for c in live]
+        by_group: dict[int, list[int]] = {}
+        for c, p in zip(live, wanted, strict=True):
+            if p >= 0:
+                by_group.setdefault(c.group, []).append(p)
+        found = {gi: iter(req.chain.keys(gi, ps)) for gi, ps in by_group.items()}
+        return [next(found[c.group]) if p >= 0 else None
+                for c, p in zip(live, wanted, strict=True)]
 
     @staticmethod
     def copies(handle: StoreHandle, by_key: dict[ChunkKey, LiveChunk]) -> tuple[PlannedCopy, ...]:

@@ -65,7 +65,7 @@ from typing import NoReturn, cast
 from mypy_extensions import mypyc_attr
 
 from kvtier.keys import ChunkKey
-from kvtier.store.admission import Admission
+from kvtier.store.admission import Admission, fingerprints
 from kvtier.store.backend import SlotAllocator, SlotBackend
 from kvtier.store.checks import (
     check_handles,
@@ -245,14 +245,15 @@ class ChunkStore:
             offers = None if promote else self._offers
             declined: list[ChunkKey]
             offered, declined = new, []  # declined: offered keys admission holds back
+            fps = fingerprints(new) if offers is not None else []
             if offers is not None:
-                new, declined = offers.split(new)
+                new, declined = offers.split(new, fps)
             if len(new) > self._alloc.num_free:
                 refusal = self._make_room(len(new), skipped)
                 if refusal is not None:
                     return refusal
             if offers is not None:
-                offers.record(offered)
+                offers.record(offered, fps)
             hid = next(self._ids)
             handle = StoreHandle(
                 hid, tuple(new), self._reserve(new), skipped,
