@@ -32,6 +32,7 @@ from kvtier.layout import Layout
 from kvtier.replay.bytes_run import BytesOptions, check_options, replay_bytes
 from kvtier.replay.concurrent import replay_concurrent
 from kvtier.replay.driver import ReplayConfig, Workload, replay
+from kvtier.replay.parallel import Task, run_all
 from kvtier.replay.policies import compared_policies, known_policy
 from kvtier.replay.progress import progress_bar
 from kvtier.replay.refs import STORE_SCOPES
@@ -61,6 +62,8 @@ DEFAULT_FLEET_ADMIT = 1
 which always misses a chunk's second use, costs hits (docs/replay.md, "Defaults")."""
 MAX_SWEEP_POINTS = 64
 """The most host sizes one ``--sweep`` runs (each runs every policy over the whole trace)."""
+MAX_JOBS = 1024
+"""The most worker processes ``--jobs`` starts (a bound on typos)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory for --sweep outputs (default ./replay-sweep)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (no progress bar, no table)")
+    parser.add_argument("--jobs", type=int_in(1, MAX_JOBS), metavar="N",
+                        help="worker processes for independent replays (several policies, "
+                             "--sweep, --target's grid; default one per core); the figures "
+                             "are the same for any N")
     add_fleet_arguments(parser)
 
 
@@ -243,11 +250,11 @@ def run(args: argparse.Namespace) -> int:
         return run_fleet(args, workload, policies, {"host": host, "disk": disk,
                                                     "shared": shared}, meta)
     if args.sweep:
-        return _sweep(args, workload, policies, disk, meta, runner)
-    results = []
-    for policy in policies:
-        with progress_bar(count, policy, enabled=show) as advance:
-            results.append(runner(workload, policy, host, disk, advance))
+        return _sweep(args, workload, policies, disk, meta, runner, count)
+    tasks = [Task(runner, (workload, policy, host, disk)) for policy in policies]
+    jobs = 1 if bytes_options is not None else args.jobs  # --bytes: one set of real tiers
+    with progress_bar(count * len(tasks), ",".join(policies), enabled=show) as advance:
+        results = run_all(tasks, jobs, advance)
     report(args, meta, results)
     return 0
 
@@ -288,12 +295,12 @@ def _check_slab(host_slots: int, slot_bytes: int) -> None:
 
 
 def _sweep(args: argparse.Namespace, workload: Workload, policies: list[str], disk: int,
-           meta: dict[str, Any], runner: Any) -> int:
+           meta: dict[str, Any], runner: Any, count: int) -> int:
     capacities = default_capacities(workload, args.sweep)
     total = sum(1 if p == "infinite" else len(capacities) for p in policies)
-    with progress_bar(total, "sweep", enabled=not args.json) as advance:
+    with progress_bar(total * count, "sweep", enabled=not args.json) as advance:
         rows = run_sweep(workload, policies, capacities, disk, meta["bytes_per_slot"],
-                         runner, advance)
+                         runner, advance, jobs=args.jobs)
     try:
         paths = write_outputs(rows, meta, Path(args.out))
     except (OSError, ValueError) as e:

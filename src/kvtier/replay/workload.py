@@ -26,6 +26,7 @@ Hashing a request's stream is repeated by every pass over it: memory is traded f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -83,11 +84,17 @@ class Workload:
     ) -> None:
         """``requests``: a source, or a sequence (then held by the caller); ``progress``
         is told of each request of the first pass, when one runs (``future``)."""
-        self.source: TraceSource = requests if callable(requests) else (lambda: requests)
+        self.source: TraceSource = (requests if callable(requests)
+                                    else functools.partial(iter, requests))
         self.config, self._progress = config, progress
         self._future: FutureIndex | None = None
         self._summary: Summary | None = None
         self._held: tuple[list[TraceRequest], list[RequestRefs]] | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        """What a worker process gets (``kvtier.replay.parallel``): the source, the config
+        and the first pass's summary; the future is rebuilt there if a replay needs it."""
+        return {**self.__dict__, "_progress": None, "_future": None, "_held": None}
 
     def stream(self) -> Iterator[TraceRequest]:
         """The requests, one pass."""
