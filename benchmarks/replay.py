@@ -35,7 +35,9 @@ replay within ``RATIO_TARGET`` times the plain LRU (``ratio`` above), and a
 1-million-request synthetic trace in under ``MILLION_TARGET_S``: measured on
 ``MILLION_MEASURED`` requests of the same generator and scaled linearly (process start
 included, so the estimate is high).
-``--quick``: the first 3,000 requests, no memory figures, a smaller fleet table, and the
+Wall seconds are judged (CPU seconds are printed beside them: a shared machine's wall time
+includes waiting for a core). ``--quick``: the first 3,000 requests, no memory figures and
+no admission target (its anchor is the whole trace's), a smaller fleet table, and the
 README run on its first 3,000 requests scaled to the whole trace (each scaled figure says
 so). ``--jobs N``: worker processes for the independent replays (normalized, fleet).
 Prints a table, then as its last line one JSON object.
@@ -50,6 +52,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -203,29 +206,40 @@ def fleet_figures(requests: Sequence[TraceRequest], layout: Layout, capacity: in
     return out
 
 
-def cli_replay(*argv: str) -> tuple[float, dict[str, Any]]:
-    """Seconds of a whole ``kvtier replay --json`` process (this interpreter), and its JSON."""
+def cli_replay(*argv: str) -> tuple[float, float, dict[str, Any]]:
+    """Wall and CPU seconds (user and system) of a whole ``kvtier replay --json`` process
+    (this interpreter), and its JSON. On a shared machine the wall time includes waiting
+    for a core; the CPU time does not."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "kvtier", "replay", "--json", *argv],
                           capture_output=True, text=True, check=True)
-    return time.perf_counter() - t0, json.loads(done.stdout)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu, json.loads(done.stdout)
 
 
 def speed_figures(quick: bool) -> tuple[dict[str, Any], dict[str, bool]]:
     """The README's default run and the million-request estimate (module docstring)."""
     limit = 3000 if quick else None
-    seconds, obj = cli_replay(*(["--limit", str(limit)] if limit else []))
+    seconds, cpu, obj = cli_replay(*(["--limit", str(limit)] if limit else []))
     readme_s = seconds * README_REQUESTS / obj["requests"]
     unchanged = (obj["block_hit_rate"], obj["token_hit_rate"]) == README_FIGURES[limit]
     n = MILLION_MEASURED[quick]
-    synth_s, synth = cli_replay("--synthetic", f"users={n // 10},turns=10", "--limit", str(n))
+    synth_s, synth_cpu, synth = cli_replay("--synthetic", f"users={n // 10},turns=10",
+                                           "--limit", str(n))
     million_s = synth_s * 1_000_000 / synth["requests"]
-    figures = {"readme_requests": obj["requests"], "readme_s": seconds,
-               "readme_whole_trace_s": readme_s, "readme_scaled": limit is not None,
+    figures = {"readme_requests": obj["requests"], "readme_s": seconds, "readme_cpu_s": cpu,
+               "readme_whole_trace_s": readme_s,
+               "readme_whole_trace_cpu_s": cpu * README_REQUESTS / obj["requests"],
+               "readme_scaled": limit is not None,
                "readme_block_hit_rate": obj["block_hit_rate"],
                "readme_token_hit_rate": obj["token_hit_rate"],
                "synthetic_requests": synth["requests"], "synthetic_s": synth_s,
-               "million_s_estimate": million_s, "million_scaled_from": synth["requests"]}
+               "synthetic_cpu_s": synth_cpu, "million_s_estimate": million_s,
+               "million_cpu_s_estimate": synth_cpu * 1_000_000 / synth["requests"],
+               "million_scaled_from": synth["requests"]}
     return figures, {"readme": readme_s <= README_TARGET_S, "figures_unchanged": unchanged,
                      "million": million_s <= MILLION_TARGET_S}
 
@@ -282,7 +296,9 @@ def main() -> None:
     print(f"{'figure':<22}{'value':>14}")
     for name, value in figures.items():
         print(f"{name:<22}{value:>14.4f}" if isinstance(value, float) else f"{name:<22}{value:>14}")
-    admission, met["admission"] = admission_figures(workload)
+    admission, admission_met = admission_figures(workload)
+    if not args.quick:  # its anchor is the whole trace's
+        met["admission"] = admission_met
     print_rows("admission (LRU, second offer within 4 offers per slot)", admission)
     norm = normalized_figures(workload, args.capacity, args.jobs)
     print_rows(f"normalized hit rates at {args.capacity} chunks", norm)
@@ -312,7 +328,7 @@ def main() -> None:
                                   "figures_unchanged": "README hit rates as recorded",
                                   "million_s": f"<= {MILLION_TARGET_S} s for 1M requests",
                                   "admission": "at 3000 chunks: >= 2 x LRU's block hit rate, "
-                                               "< 1/4 of its bytes written",
+                                               "< 1/4 of its bytes written (not in --quick)",
                                   "memory": f"streamed peak <= {MEMORY_TARGET} x held, "
                                             "10x synthetic trace (not in --quick)"},
                       "met": all(met.values())}))
