@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -67,7 +66,9 @@ def run_all(tasks: Sequence[Task], jobs: int | None = None,
     if workers <= 1:
         return [t.run(advance) for t in tasks]
     ctx = multiprocessing.get_context("spawn")
-    reports = ctx.Queue()
+    # a SimpleQueue writes each put at once (no feeder thread): a task's reports are all in
+    # the pipe before its result is sent, so the last drain counts every request
+    reports = ctx.SimpleQueue()
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
                              initargs=(reports,)) as pool:
         futures = [pool.submit(_run_task, t) for t in tasks]
@@ -87,11 +88,8 @@ def _follow(futures: list[Future[Any]], reports: Any, advance: Progress | None) 
 
 
 def _drain(reports: Any, advance: Progress | None) -> None:
-    while True:
-        try:
-            n = reports.get_nowait()
-        except queue.Empty:
-            return
+    while not reports.empty():
+        n = reports.get()
         if advance is not None:
             advance(n)
 
