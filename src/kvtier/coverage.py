@@ -41,6 +41,7 @@ Chunk ``c`` of a group with ``T`` tokens per chunk covers tokens ``[c*T, (c+1)*T
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 
 from kvtier.layout import Group, Layout
@@ -141,26 +142,37 @@ def store_set(
 
     The union of ``required(group, b)`` over the boundaries the producer serves up to the
     horizon: ``served`` (ascending, each one admissible; those past the horizon are
-    ignored), or every admissible ``b`` when ``served`` is None (dense). Cost grows with
-    the number of boundaries, never with tokens.
+    ignored), or every admissible ``b`` when ``served`` is None (dense, computed once per
+    layout, group and boundary count). Cost grows with boundaries, never with tokens.
 
     Example: full attention with 16-token chunks plus sliding window 8 with 4-token chunks,
     33 tokens: full chunks 0-1, sliding chunks 2-3 and 6-7; serving only 32: full chunks
     0-1, sliding chunks 6-7.
     """
-    return ChunkRanges.of(
-        (r.start, r.stop) for b in _served(layout, horizon, served)
-        if (r := served_chunks(layout, group_index, b))
-    )
+    if served is None:  # dense: one answer per count of boundaries passed, kept
+        return _dense_store_set(layout, group_index, len(admissible_boundaries(layout, horizon)))
+    return _union_served(layout, group_index, _served(layout, horizon, served))
 
 
+def _union_served(layout: Layout, gi: int, served: Sequence[int]) -> ChunkRanges:
+    return ChunkRanges.of((r.start, r.stop) for b in served if (r := served_chunks(layout, gi, b)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _dense_store_set(layout: Layout, group_index: int, num_bounds: int) -> ChunkRanges:
+    """``store_set`` past the first ``num_bounds`` boundaries, dense: every request of a
+    layout asks for the same few, so each is computed once."""
+    g = layout.hit_granularity
+    return _union_served(layout, group_index, range(g, g * num_bounds + 1, g))
+
+
+@functools.lru_cache(maxsize=65536)
 def served_chunks(layout: Layout, group_index: int, b: int) -> range:
     """Chunks of one group a producer serving boundary ``b`` stores: ``required`` of every
     hit of ``hits_served``. One range: the hits' required ranges overlap or touch.
 
     Example: chunked local ``C = 256``, 64-token chunks: ``b = 256`` -> chunks 0-3 (the
-    whole-prompt hit at 255; the hit at 256 keeps nothing); ``b = 320`` -> chunk 4.
-    """
+    whole-prompt hit at 255; the hit at 256 keeps nothing); ``b = 320`` -> chunk 4."""
     group = layout.groups[group_index]
     lo, hi = 0, 0
     for h in hits_served(layout, b):
@@ -204,14 +216,20 @@ def store_delta(
 ) -> ChunkRanges:
     """``store_set(new_horizon) - store_set(old_horizon)``, without recomputing either.
 
-    Used by a dense producer after each step: cost grows with the boundaries passed, not
-    with the request's length (``serve_delta`` over the admissible boundaries).
-    """
+    Used by a dense producer after each step (``serve_delta`` over the boundaries passed,
+    once per layout, group and pair of boundary counts)."""
     if new_horizon < old_horizon:
         raise ValueError(f"horizon went backwards: {old_horizon} -> {new_horizon}")
-    old = admissible_boundaries(layout, old_horizon)
-    new = admissible_boundaries(layout, new_horizon)
-    return serve_delta(layout, group_index, old, new[len(old) :])
+    return _dense_delta(layout, group_index, len(admissible_boundaries(layout, old_horizon)),
+                        len(admissible_boundaries(layout, new_horizon)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _dense_delta(layout: Layout, group_index: int, old: int, new: int) -> ChunkRanges:
+    """``store_delta`` from the first ``old`` boundaries to the first ``new``, once each."""
+    g = layout.hit_granularity
+    bounds = range(g, g * new + 1, g)
+    return serve_delta(layout, group_index, bounds[:old], bounds[old:])
 
 
 def serve_delta(

@@ -8,6 +8,7 @@ any of these flags makes one (``--instances 1`` gives the single-engine replay's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from kvtier.cli.common import (
 from kvtier.replay.driver import Workload
 from kvtier.replay.fleet import BELADY_NEEDS_ONE, MAX_INSTANCES, FleetOptions, replay_fleet
 from kvtier.replay.fleet_stats import FleetStats
+from kvtier.replay.parallel import Task, run_all
 from kvtier.replay.progress import progress_bar
 from kvtier.replay.routers import ROUTERS, RouterSpec, parse_router
 from kvtier.replay.sweep import default_capacities
@@ -93,7 +95,8 @@ def run_fleet(args: argparse.Namespace, workload: Workload, policies: list[str],
 
     meta = {**meta, "instances": instances, "router": str(router), "policy": policy}
     if target is not None:
-        return _target(args, workload, target, tiers, run, meta)
+        options = FleetOptions(instances, router, tiers["shared"], args.concurrent)
+        return _target(args, workload, target, tiers, run, meta, options)
     stats = run(tiers["host"], tiers["disk"], tiers["shared"], show=not args.json)
     if args.json:
         print_json({**meta, **stats.as_dict()})
@@ -103,13 +106,26 @@ def run_fleet(args: argparse.Namespace, workload: Workload, policies: list[str],
 
 
 def _target(args: argparse.Namespace, workload: Workload, target: Target,
-            tiers: dict[str, int], run: Any, meta: dict[str, Any]) -> int:
+            tiers: dict[str, int], run: Any, meta: dict[str, Any],
+            options: FleetOptions) -> int:
     grid = default_capacities(workload, TARGET_POINTS)
     host, disk, shared = tiers["host"], tiers["disk"], tiers["shared"]
     below = ("shared", lambda c: run(host, disk, c).as_dict()) if (args.instances or 1) > 1 \
         else ("disk", lambda c: run(host, c, shared).as_dict())
+
+    def run_many(tier: str) -> Any:
+        """The grid of ``tier`` in ``--jobs`` worker processes."""
+        def each(capacities: Any) -> list[dict[str, Any]]:
+            sizes = [(c, disk, shared) if tier == "host" else (host, disk, c)
+                     if tier == "shared" else (host, c, shared) for c in capacities]
+            tasks = [Task(fleet_figures, (workload, meta["policy"], h, d,
+                                          dataclasses.replace(options, shared_slots=s)),
+                          progress=False) for h, d, s in sizes]
+            return run_all(tasks, args.jobs)
+        return each
+
     searches = plan(target, [("host", lambda c: run(c, disk, shared).as_dict(), grid),
-                             (below[0], below[1], grid)])
+                             (below[0], below[1], grid)], run_many)
     found = searches[-1].answer
     per = meta["bytes_per_slot"]
     result = {**meta, "target": str(target), "reached": found is not None,
@@ -134,6 +150,16 @@ def _target(args: argparse.Namespace, workload: Workload, target: Target,
         return 0
     print(_target_text(searches, target, result, per))
     return 0
+
+
+def fleet_figures(workload: Workload, policy: str, host: int, disk: int,
+                  options: FleetOptions) -> dict[str, Any]:
+    """One fleet replay's ``as_dict`` (a worker process's task; ``UsageError`` for what
+    the fleet refuses)."""
+    try:
+        return replay_fleet(workload, policy, host, disk, options=options).as_dict()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _target_text(searches: list[Search], target: Target, result: dict[str, Any],

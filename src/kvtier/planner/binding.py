@@ -1,10 +1,10 @@
-"""Binding planned chunks to what a store job needs: keys, hints, engine blocks, fences.
+"""Binding planned chunks to what a job needs: keys, hints, slots, engine blocks.
 
-The planner decides *which* chunks to store by asking ``kvtier.coverage``; this module
-turns those (group, chunk) pairs into the pieces of a store job: each chunk's key, its
-predecessor (the eviction policies' prefix hint), the engine blocks it is copied from
-(``coverage.store_blocks``), and the fences that keep the engine from reusing those blocks
-while the job reads them.
+The planner decides *which* chunks to store or load by asking ``kvtier.coverage``; this
+module turns those (group, chunk) pairs into the pieces of a job: each chunk's key, its
+predecessor (the eviction policies' prefix hint), its slot, the engine blocks it is copied
+from or to (``coverage.store_blocks``). The fences that keep the engine from reusing those
+blocks while a store job reads them are the job book's (``kvtier.planner.jobs``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import NamedTuple
 from kvtier import coverage
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
-from kvtier.planner.requests import RequestState, block_ids_at
-from kvtier.planner.types import PlannedCopy, TransferJob
+from kvtier.planner.requests import PendingHit, RequestState, block_ids_at, load_block_ids
+from kvtier.planner.types import PlannedCopy
 from kvtier.store.results import StoreHandle
 
 BlockTable = Sequence[Sequence[int | None]]
@@ -43,6 +43,7 @@ class ChunkBinder:
         # groups whose stored chunks hold every block need no store_blocks call at all
         self._whole = [g.blocks_per_chunk if coverage.stores_whole_chunks(g) else 0
                        for g in layout.groups]
+        self._needs_parent = [coverage.needs_predecessor(g) for g in layout.groups]
 
     def _run(self, gi: int, chunk: int) -> tuple[int, int, int]:
         run = coverage.store_blocks(self.layout, gi, chunk)
@@ -74,13 +75,17 @@ class ChunkBinder:
         return [next(found[c.group]) for c in live]
 
     def parents(self, req: RequestState, live: list[LiveChunk]) -> list[ChunkKey | None]:
-        """The eviction hint: each chunk's predecessor, where a hit needs both."""
-        groups = self.layout.groups
-        return [
-            req.chain.key(c.group, c.chunk - 1)
-            if c.chunk and coverage.needs_predecessor(groups[c.group]) else None
-            for c in live
-        ]
+        """The eviction hint: each chunk's predecessor, where a hit needs both (hashed per
+        group in one batch, as ``keys``)."""
+        needs = self._needs_parent
+        wanted = [c.chunk - 1 if c.chunk and needs[c.group] else -1 for c in live]
+        by_group: dict[int, list[int]] = {}
+        for c, p in zip(live, wanted, strict=True):
+            if p >= 0:
+                by_group.setdefault(c.group, []).append(p)
+        found = {gi: iter(req.chain.keys(gi, ps)) for gi, ps in by_group.items()}
+        return [next(found[c.group]) if p >= 0 else None
+                for c, p in zip(live, wanted, strict=True)]
 
     @staticmethod
     def copies(handle: StoreHandle, by_key: dict[ChunkKey, LiveChunk]) -> tuple[PlannedCopy, ...]:
@@ -91,30 +96,22 @@ class ChunkBinder:
             out.append(PlannedCopy(c.group, c.chunk, k, slot, c.block_ids, c.first_block))
         return tuple(out)
 
+    def load_copies(
+        self, hit: PendingHit, table: BlockTable, request_id: str
+    ) -> tuple[PlannedCopy, ...]:
+        """The copies of a pinned hit's load job: exactly ``coverage.load_set`` per group,
+        into the engine blocks ``table`` allocated for them."""
+        copies = []
+        slots = dict(zip(hit.handle.keys, hit.handle.slots, strict=True))
+        for gi, group in enumerate(self.layout.groups):
+            for run, key in zip(
+                coverage.load_set(group, hit.lookup.hit_tokens, hit.on_device),
+                hit.keys[gi], strict=True,
+            ):
+                ids = load_block_ids(table, gi, group, run, request_id)
+                copies.append(PlannedCopy(gi, run.chunk, key, slots[key], ids, run.first_block))
+        return tuple(copies)
 
-class Fences:
-    """Engine blocks that store jobs in flight still read, per job and group."""
-
-    def __init__(self, num_groups: int) -> None:
-        self._num_groups = num_groups
-        self._jobs: dict[int, list[frozenset[int]]] = {}
-
-    def add(self, job: TransferJob) -> None:
-        per_group: list[set[int]] = [set() for _ in range(self._num_groups)]
-        for c in job.copies:
-            per_group[c.group].update(c.block_ids)
-        self._jobs[job.id] = [frozenset(s) for s in per_group]
-
-    def remove(self, job_id: int) -> None:
-        del self._jobs[job_id]
-
-    def jobs_reading(self, group: int, block_ids: Iterable[int]) -> list[int]:
-        """Store jobs still reading any of ``block_ids`` of ``group``, in id order."""
-        wanted = set(block_ids)
-        return sorted(j for j, blocks in self._jobs.items() if not blocks[group].isdisjoint(wanted))
-
-    def clear(self) -> None:
-        self._jobs.clear()
-
-    def __len__(self) -> int:
-        return len(self._jobs)
+    def num_bytes(self, copies: Iterable[PlannedCopy]) -> int:
+        """The layout's bytes of ``copies`` (0 for a group that gives no bytes per token)."""
+        return sum(self.layout.groups[c.group].bytes_per_chunk or 0 for c in copies)

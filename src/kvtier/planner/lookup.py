@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier import coverage
+from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain
 from kvtier.layout import Group, Layout
 from kvtier.store.results import ChunkState
@@ -222,3 +223,14 @@ _PASS, _NOT_READY = (False, False, False), (True, False, False)
 def _any_in(sorted_chunks: list[int], chunks: range) -> bool:
     i = bisect_left(sorted_chunks, chunks.start)
     return i < len(sorted_chunks) and sorted_chunks[i] < chunks.stop
+
+
+def hit_chunks(layout: Layout, b: int, on_device: int) -> tuple[ChunkRanges, ...]:
+    """Per group, the chunks a hit at ``b`` loads (``coverage.load_chunks``) as ranges;
+    with 16-token chunks of full attention, ``b = 64`` and ``on_device = 16``: chunks
+    1..3."""
+    return tuple(
+        ChunkRanges.of([(r.start, r.stop)]) if (r := coverage.load_chunks(g, b, on_device))
+        else ChunkRanges()
+        for g in layout.groups
+    )

@@ -16,10 +16,11 @@ An engine calls the planner from its scheduler:
 
 Steps are separate because the engine interleaves them with its own allocation: blocks do
 not exist at lookup time, and stores finish after the blocks' owner moved on. Every
-decision about which chunks comes from ``kvtier.coverage``; this module only binds chunks
-to keys, slots and block ids. A block table is a sequence per group (group outermost) of
-block ids indexed by block position in the request; ``None`` or a negative id marks a block
-the engine does not hold.
+decision about which chunks comes from ``kvtier.coverage``; this module orders the steps,
+``binding`` binds chunks to keys, slots and block ids, and ``jobs`` keeps the jobs in
+flight. A block table is a sequence per group (group outermost) of block ids indexed by
+block position in the request; ``None`` or a negative id marks a block the engine does not
+hold.
 """
 
 from __future__ import annotations
@@ -31,25 +32,23 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from kvtier import coverage
-from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
-from kvtier.planner.binding import BlockTable, ChunkBinder, Fences
-from kvtier.planner.lookup import assess, candidate_hits, hit_keys, ready_at
-from kvtier.planner.requests import PendingHit, RequestState, load_block_ids
+from kvtier.planner.binding import BlockTable, ChunkBinder
+from kvtier.planner.jobs import JobBook
+from kvtier.planner.lookup import assess, candidate_hits, hit_chunks, hit_keys, ready_at
+from kvtier.planner.requests import PendingHit, RequestState
 from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
     LoadResult,
     Lookup,
     Metrics,
     Outcome,
-    PlannedCopy,
     RequestLimits,
     TransferJob,
 )
 from kvtier.store.protocol import StoreProtocol
-from kvtier.store.results import ChunkNotReadyError, LoadHandle, StoreHandle, StoreRefusal
+from kvtier.store.results import ChunkNotReadyError, StoreRefusal
 
 
 class Planner:
@@ -78,12 +77,8 @@ class Planner:
         self.metrics = Metrics()
         self._lock = threading.RLock()
         self._requests: dict[str, RequestState] = {}
-        self._jobs: dict[int, tuple[TransferJob, LoadHandle | StoreHandle]] = {}
-        self._loading: Counter[ChunkKey] = Counter()  # keys in load jobs in flight
-        self._fences = Fences(len(layout.groups))
-        self._cancelled: set[int] = set()
+        self._jobs = JobBook(len(layout.groups))
         self._binder = ChunkBinder(layout)
-        self._ids = itertools.count(1)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -152,7 +147,7 @@ class Planner:
         )
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
-        loading = self._loading_elsewhere if self._loading else None
+        loading = self._jobs.loading()
         whole = ready_at(self.layout, req.chain, candidates[0], on_device, self.store.lookup,
                          loading)
         if whole is not None:  # the largest hit, all ready: nothing else to look up
@@ -176,9 +171,6 @@ class Planner:
         return self._pin_hit(req, best, on_device, hit_keys(self.layout, req.chain, best,
                                                             on_device))
 
-    def _loading_elsewhere(self, key: ChunkKey) -> bool:
-        return self._loading[key] > 0 if self._loading else False
-
     def _pin_hit(
         self, req: RequestState, b: int, on_device: int, keys: list[list[ChunkKey]]
     ) -> Lookup:
@@ -189,11 +181,7 @@ class Planner:
         call, so a promotion for one group may have evicted a chunk another call found:
         the hit's chunks are then asked for together, and pinned if that brought them all
         back, else the lookup misses."""
-        chunks = tuple(
-            ChunkRanges.of([(r.start, r.stop)]) if (r := coverage.load_chunks(g, b, on_device))
-            else ChunkRanges()
-            for g in self.layout.groups
-        )
+        chunks = hit_chunks(self.layout, b, on_device)
         flat = [*itertools.chain.from_iterable(keys)]
         try:
             handle = self.store.prepare_load(flat)
@@ -220,19 +208,10 @@ class Planner:
             hit = req.hit
             if hit is None or hit.job_id is not None:
                 raise ValueError(f"request {request_id!r} has no hit waiting to be accepted")
-            copies = []
-            slots = dict(zip(hit.handle.keys, hit.handle.slots, strict=True))
-            for gi, group in enumerate(self.layout.groups):
-                for run, key in zip(
-                    coverage.load_set(group, hit.lookup.hit_tokens, hit.on_device),
-                    hit.keys[gi], strict=True,
-                ):
-                    ids = load_block_ids(block_table, gi, group, run, request_id)
-                    copies.append(PlannedCopy(gi, run.chunk, key, slots[key], ids, run.first_block))
-            job = TransferJob(next(self._ids), request_id, "load", tuple(copies))
+            copies = self._binder.load_copies(hit, block_table, request_id)
+            job = TransferJob(self._jobs.next_id(), request_id, "load", copies)
             hit.job_id = job.id
-            self._jobs[job.id] = (job, hit.handle)
-            self._loading.update(c.key for c in copies)  # complete_load counts the access
+            self._jobs.add(job, hit.handle)  # complete_load counts the access
             return job
 
     def decline_hit(self, request_id: str) -> None:
@@ -250,13 +229,11 @@ class Planner:
         recomputes from what it had before, and ``corrupt`` chunks are dropped from the
         store. None for a job cancelled by ``reset``."""
         with self._lock:
-            entry = self._take_job(job_id, "load")
+            entry = self._jobs.take(job_id, "load")
             if entry is None:
                 return None
             job, handle = entry
             self.store.complete_load(handle)  # type: ignore[arg-type]
-            self._loading.subtract(c.key for c in job.copies)
-            self._loading += Counter()  # drop zero counts
             req = self._requests[job.request_id]
             assert req.hit is not None and req.hit.job_id == job_id
             hit, req.hit = req.hit, None
@@ -279,23 +256,8 @@ class Planner:
             by_tier = m.hit_tokens_by_tier
             by_tier[self.tier_name] = by_tier.get(self.tier_name, 0) + tokens
         self._count(req, "chunks_loaded", len(job.copies))
-        self._count(req, "bytes_loaded", self._bytes(job.copies))
+        self._count(req, "bytes_loaded", self._binder.num_bytes(job.copies))
         return LoadResult(req.request_id, True, hit.lookup.hit_tokens)
-
-    def _bytes(self, copies: Iterable[PlannedCopy]) -> int:
-        return sum(self.layout.groups[c.group].bytes_per_chunk or 0 for c in copies)
-
-    def _take_job(
-        self, job_id: int, direction: str
-    ) -> tuple[TransferJob, LoadHandle | StoreHandle] | None:
-        if job_id in self._cancelled:
-            self._cancelled.discard(job_id)
-            return None
-        entry = self._jobs.get(job_id)
-        if entry is None or entry[0].direction != direction:
-            raise ValueError(f"no {direction} job {job_id} in flight (completed twice?)")
-        del self._jobs[job_id]
-        return entry
 
     # ---- stores ------------------------------------------------------------------------
 
@@ -347,26 +309,24 @@ class Planner:
             self.store.complete_store(handle, True)
             return None
         copies = self._binder.copies(handle, dict(zip(keys, live, strict=True)))
-        job = TransferJob(next(self._ids), req.request_id, "store", copies)
-        self._jobs[job.id] = (job, handle)
+        job = TransferJob(self._jobs.next_id(), req.request_id, "store", copies)
+        self._jobs.add(job, handle)
         req.store_jobs.add(job.id)
-        self._fences.add(job)
         return job
 
     def complete_store(self, job_id: int, ok: bool) -> None:
         """The data plane finished a store: publish its chunks, or free their slots."""
         with self._lock:
-            entry = self._take_job(job_id, "store")
+            entry = self._jobs.take(job_id, "store")
             if entry is None:
                 return
             job, handle = entry
             self.store.complete_store(handle, ok)  # type: ignore[arg-type]
-            self._fences.remove(job_id)
             req = self._requests[job.request_id]
             req.store_jobs.discard(job_id)
             if ok:
                 self._count(req, "chunks_stored", len(job.copies))
-                self._count(req, "bytes_stored", self._bytes(job.copies))
+                self._count(req, "bytes_stored", self._binder.num_bytes(job.copies))
             else:
                 self._count(req, "store_failures")
             self._maybe_forget(req)
@@ -375,7 +335,7 @@ class Planner:
         """Store jobs still reading any of ``block_ids`` of ``group``: wait for them before
         the engine writes those blocks again."""
         with self._lock:
-            return self._fences.jobs_reading(group, block_ids)
+            return self._jobs.reading(group, block_ids)
 
     # ---- ends of a request -------------------------------------------------------------
 
@@ -413,19 +373,15 @@ class Planner:
         unpinned). The engine must have stopped its transfers; their late completions are
         ignored."""
         with self._lock:
-            for job_id, (job, handle) in list(self._jobs.items()):
+            for job, handle in self._jobs.cancel_all():
                 if job.direction == "load":
                     self.store.complete_load(handle)  # type: ignore[arg-type]
                 else:
                     self.store.complete_store(handle, False)  # type: ignore[arg-type]
-                self._cancelled.add(job_id)
             for req in self._requests.values():
                 if req.hit is not None and req.hit.job_id is None:
                     self.store.complete_load(req.hit.handle)
-            self._jobs.clear()
             self._requests.clear()
-            self._fences.clear()
-            self._loading.clear()
 
     # ---- introspection -----------------------------------------------------------------
 
@@ -440,7 +396,5 @@ class Planner:
     def check_quiescent(self) -> None:
         """Assert nothing is left: no requests, jobs, fences or in-flight loads."""
         with self._lock:
-            assert not self._jobs, f"{len(self._jobs)} jobs still in flight"
-            assert not self._fences, f"{len(self._fences)} fences left"
-            assert not +self._loading, "loads still counted"
+            self._jobs.check_quiescent()
             assert not self._requests, f"requests left: {list(self._requests)}"

@@ -61,15 +61,17 @@ class RequestRefs:
 
     ``keys[i]`` is chunk ``chunks[i]`` of group ``groups[i]``; it becomes storable once
     ``horizons[i]`` tokens are computed. ``store_tokens`` is the stored scope (the whole
-    stream, or the prompt); ``num_prompt`` the prompt's tokens.
+    stream, or the prompt); ``num_prompt`` the prompt's tokens. ``groups``, ``chunks``
+    and ``horizons`` depend on ``store_tokens`` only, and are shared by every request with
+    the same (``RefsPlanner``).
     """
 
     num_prompt: int
     store_tokens: int
     keys: list[ChunkKey]
-    groups: list[int]
-    chunks: list[int]
-    horizons: list[int]
+    groups: tuple[int, ...]
+    chunks: tuple[int, ...]
+    horizons: tuple[int, ...]
 
 
 def store_tokens_of(req: TraceRequest, block_tokens: int, scope: StoreScope) -> int:
@@ -79,23 +81,74 @@ def store_tokens_of(req: TraceRequest, block_tokens: int, scope: StoreScope) -> 
     return len(req.hash_ids) * block_tokens
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What every request that stores ``top`` tokens references, but its keys: per group,
+    the chunks of its store set; over all groups, in store order, each chunk's group,
+    index and horizon, and where its key is in the per-group lists (``order``)."""
+
+    per_group: tuple[range | list[int], ...]
+    groups: tuple[int, ...]
+    chunks: tuple[int, ...]
+    horizons: tuple[int, ...]
+    order: tuple[tuple[int, int], ...] | None
+    """(group, position in that group's list) per entry; None when that is the
+    concatenation of the groups in order (one group, the usual case)."""
+
+
+class RefsPlanner:
+    """``request_refs`` for one layout, namespace, block size and scope: the store order
+    of a stored scope is computed once per distinct ``store_tokens`` (traces name whole
+    blocks: a few hundred distinct values), so a request costs its hashing only."""
+
+    def __init__(self, layout: Layout, namespace: Namespace, block_tokens: int,
+                 scope: StoreScope) -> None:
+        self.layout, self.namespace = layout, namespace
+        self.block_tokens, self.scope = block_tokens, scope
+        self._plans: dict[int, _Plan] = {}
+
+    def refs(self, req: TraceRequest) -> RequestRefs:
+        """Hash one request's stream and list the chunks of its store sets, in store order."""
+        top = store_tokens_of(req, self.block_tokens, self.scope)
+        plan = self._plans.get(top)
+        if plan is None:
+            plan = self._plans[top] = _plan(self.layout, top)
+        chain = KeyChain(self.layout, self.namespace,
+                         token_stream(req.hash_ids, self.block_tokens)[:top])
+        per_group = [chain.keys(gi, chunks) for gi, chunks in enumerate(plan.per_group)]
+        keys = (per_group[0] if plan.order is None and len(per_group) == 1 else
+                [k for ks in per_group for k in ks] if plan.order is None else
+                [per_group[gi][j] for gi, j in plan.order])
+        return RequestRefs(req.input_length, top, keys, plan.groups, plan.chunks,
+                           plan.horizons)
+
+
+def _plan(layout: Layout, top: int) -> _Plan:
+    """The store order of every chunk of every group's store set up to ``top`` tokens:
+    by horizon, then group, then chunk."""
+    per_group: list[range | list[int]] = []
+    entries: list[tuple[int, int, int, int]] = []
+    for gi in range(len(layout.groups)):
+        ranges = coverage.store_set(layout, gi, top).ranges
+        chunks = range(*ranges[0]) if len(ranges) == 1 else [c for r in ranges
+                                                               for c in range(*r)]
+        per_group.append(chunks)
+        entries.extend((min(top, coverage.store_horizon(layout, gi, c)), gi, c, j)
+                       for j, c in enumerate(chunks))
+    entries.sort(key=lambda e: (e[0], e[1], e[2]))
+    order = tuple((e[1], e[3]) for e in entries)
+    concatenated = tuple((gi, j) for gi, ks in enumerate(per_group) for j in range(len(ks)))
+    return _Plan(tuple(per_group), tuple(e[1] for e in entries), tuple(e[2] for e in entries),
+                 tuple(e[0] for e in entries), None if order == concatenated else order)
+
+
 def request_refs(
     layout: Layout, namespace: Namespace, req: TraceRequest, block_tokens: int,
     scope: StoreScope,
 ) -> RequestRefs:
-    """Hash one request's stream and list the chunks of its store sets, in store order."""
-    top = store_tokens_of(req, block_tokens, scope)
-    chain = KeyChain(layout, namespace, token_stream(req.hash_ids, block_tokens)[:top])
-    entries: list[tuple[int, int, int, ChunkKey]] = []
-    for gi in range(len(layout.groups)):
-        chunks = list(coverage.store_set(layout, gi, top))
-        for c, key in zip(chunks, chain.keys(gi, chunks), strict=True):
-            entries.append((min(top, coverage.store_horizon(layout, gi, c)), gi, c, key))
-    entries.sort(key=lambda e: (e[0], e[1], e[2]))
-    return RequestRefs(
-        req.input_length, top, [e[3] for e in entries], [e[1] for e in entries],
-        [e[2] for e in entries], [e[0] for e in entries],
-    )
+    """Hash one request's stream and list the chunks of its store sets, in store order
+    (``RefsPlanner.refs``, for one request)."""
+    return RefsPlanner(layout, namespace, block_tokens, scope).refs(req)
 
 
 def all_refs(
@@ -103,8 +156,8 @@ def all_refs(
     progress: Callable[[int], None] | None = None,
 ) -> Iterator[RequestRefs]:
     """``request_refs`` of every request, in trace order."""
-    ns = replay_namespace(layout)
+    planner = RefsPlanner(layout, replay_namespace(layout), block_tokens, scope)
     for req in requests:
-        yield request_refs(layout, ns, req, block_tokens, scope)
+        yield planner.refs(req)
         if progress is not None:
             progress(1)

@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.replay.driver import Workload, replay
+from kvtier.replay.parallel import Task, run_all
 from kvtier.replay.policies import INFINITE
 from kvtier.replay.stats import ReplayStats
 
-Runner = Callable[[Workload, str, int, int], ReplayStats]
+Runner = Callable[..., ReplayStats]
+"""``runner(workload, policy, host_slots, disk_slots, progress=)``: a module-level function
+(it is pickled to the worker processes)."""
 COLUMNS = ("policy", "host_slots", "host_bytes", "block_hit_rate", "token_hit_rate",
            "mean_ttft_saved_s")
 
@@ -36,17 +39,17 @@ def default_capacities(workload: Workload, points: int) -> list[int]:
 def run_sweep(
     workload: Workload, policies: Sequence[str], capacities: Sequence[int], disk_slots: int,
     bytes_per_slot: int | None, runner: Runner = replay,
-    advance: Callable[[int], None] | None = None,
+    advance: Callable[[int], None] | None = None, *, jobs: int | None = 1,
 ) -> list[dict[str, Any]]:
-    """One row per (policy, capacity); the infinite cache runs once."""
-    rows = []
-    for policy in policies:
-        for slots in capacities[:1] if policy == INFINITE else capacities:
-            stats = runner(workload, policy, slots, disk_slots)
-            rows.append(_row(stats, policy, stats.slots["host"], bytes_per_slot))
-            if advance is not None:
-                advance(1)
-    return rows
+    """One row per (policy, capacity), in that order; the infinite cache runs once. The
+    replays run in ``jobs`` worker processes (``kvtier.replay.parallel``); ``advance`` counts
+    the requests replayed."""
+    runs = [(policy, slots) for policy in policies
+            for slots in (capacities[:1] if policy == INFINITE else capacities)]
+    results = run_all([Task(runner, (workload, policy, slots, disk_slots))
+                       for policy, slots in runs], jobs, advance)
+    return [_row(stats, policy, stats.slots["host"], bytes_per_slot)
+            for (policy, _), stats in zip(runs, results, strict=True)]
 
 
 def _row(stats: ReplayStats, policy: str, slots: int, per: int | None) -> dict[str, Any]:

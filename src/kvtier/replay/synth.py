@@ -20,6 +20,7 @@ does not repeat.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -154,8 +155,13 @@ def iter_generate(config: SynthConfig, block_tokens: int = BLOCK_TOKENS
 
 def synthetic_source(config: SynthConfig, block_tokens: int = BLOCK_TOKENS,
                      limit: int | None = None) -> TraceSource:
-    """The synthetic trace (its first ``limit`` requests), generated again for each pass."""
-    return lambda: itertools.islice(iter_generate(config, block_tokens), limit)
+    """The synthetic trace (its first ``limit`` requests), generated again for each pass
+    (a partial: it pickles, for worker processes)."""
+    return functools.partial(_first, config, block_tokens, limit)
+
+
+def _first(config: SynthConfig, block_tokens: int, limit: int | None) -> Iterator[TraceRequest]:
+    return itertools.islice(iter_generate(config, block_tokens), limit)
 
 
 def _length(rng: random.Random, mean: int) -> int:

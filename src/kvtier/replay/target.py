@@ -99,14 +99,20 @@ class Search:
 
 Run = Callable[[int], dict[str, Any]]
 """``run(capacity in slots) -> the fleet replay's as_dict``."""
+RunMany = Callable[[Sequence[int]], list[dict[str, Any]]]
+"""``run_many(capacities) -> [run(c) for c in capacities]``, perhaps in worker processes."""
 
 
-def search(tier: str, run: Run, grid: Sequence[int], target: Target) -> Search:
-    """The smallest capacity reaching ``target`` (module docstring)."""
+def search(tier: str, run: Run, grid: Sequence[int], target: Target,
+           run_many: RunMany | None = None) -> Search:
+    """The smallest capacity reaching ``target`` (module docstring). ``run_many`` runs the
+    whole grid at once (in worker processes); what follows the first point that reaches
+    the target is dropped, so the search reads exactly what running it in order would."""
     out = Search(tier)
+    ahead = dict(zip(grid, run_many(grid), strict=True)) if run_many is not None else {}
 
     def reached(capacity: int) -> bool:
-        result = run(capacity)
+        result = ahead.pop(capacity, None) or run(capacity)
         out.rows.append({"tier": tier, "capacity": capacity, "figure": target.figure(result),
                          "token_hit_rate": result["token_hit_rate"],
                          "ttft_p90_s": result["ttft_s"]["p90"]})
@@ -130,11 +136,14 @@ def search(tier: str, run: Run, grid: Sequence[int], target: Target) -> Search:
     return out
 
 
-def plan(target: Target, tiers: Sequence[tuple[str, Run, Sequence[int]]]) -> list[Search]:
-    """Search each ``(tier, run, grid)`` in order until one reaches the target."""
+def plan(target: Target, tiers: Sequence[tuple[str, Run, Sequence[int]]],
+         run_many: Callable[[str], RunMany] | None = None) -> list[Search]:
+    """Search each ``(tier, run, grid)`` in order until one reaches the target;
+    ``run_many(tier)``: that tier's grid at once (``search``)."""
     done: list[Search] = []
     for tier, run, grid in tiers:
-        done.append(search(tier, run, grid, target))
+        done.append(search(tier, run, grid, target,
+                           run_many(tier) if run_many is not None else None))
         if done[-1].answer is not None:
             break
     return done

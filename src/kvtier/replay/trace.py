@@ -136,8 +136,8 @@ def trace_source(
     (``iter_trace``). A trace that cannot be read twice (a pipe, a device) is read once
     and held."""
     if source is not None and not Path(source).is_file():
-        held = read_trace(source, block_tokens=block_tokens, limit=limit)
-        return lambda: held
+        return functools.partial(iter, read_trace(source, block_tokens=block_tokens,
+                                                  limit=limit))
     return functools.partial(iter_trace, source, block_tokens=block_tokens, limit=limit)
 
 

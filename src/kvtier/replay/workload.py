@@ -26,12 +26,13 @@ Hashing a request's stream is repeated by every pass over it: memory is traded f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvtier.boundaries import BoundaryMode
 from kvtier.layout import Layout
-from kvtier.replay.refs import RequestRefs, StoreScope, replay_namespace, request_refs
+from kvtier.replay.refs import RefsPlanner, RequestRefs, StoreScope, replay_namespace
 from kvtier.replay.timing import TimingModel
 from kvtier.replay.trace import BLOCK_TOKENS, TraceRequest, TraceSource
 from kvtier.store.admission import Admission
@@ -83,11 +84,17 @@ class Workload:
     ) -> None:
         """``requests``: a source, or a sequence (then held by the caller); ``progress``
         is told of each request of the first pass, when one runs (``future``)."""
-        self.source: TraceSource = requests if callable(requests) else (lambda: requests)
+        self.source: TraceSource = (requests if callable(requests)
+                                    else functools.partial(iter, requests))
         self.config, self._progress = config, progress
         self._future: FutureIndex | None = None
         self._summary: Summary | None = None
         self._held: tuple[list[TraceRequest], list[RequestRefs]] | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        """What a worker process gets (``kvtier.replay.parallel``): the source, the config
+        and the first pass's summary; the future is rebuilt there if a replay needs it."""
+        return {**self.__dict__, "_progress": None, "_future": None, "_held": None}
 
     def stream(self) -> Iterator[TraceRequest]:
         """The requests, one pass."""
@@ -96,9 +103,9 @@ class Workload:
     def items(self, progress: Progress | None = None) -> Iterator[tuple[TraceRequest, RequestRefs]]:
         """Each request with its references, in trace order, computed one at a time."""
         c = self.config
-        namespace = replay_namespace(c.layout)
+        planner = RefsPlanner(c.layout, replay_namespace(c.layout), c.block_tokens, c.scope)
         for req in self.stream():
-            yield req, request_refs(c.layout, namespace, req, c.block_tokens, c.scope)
+            yield req, planner.refs(req)
             if progress is not None:
                 progress(1)
 

@@ -39,6 +39,7 @@ True
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ WINDOW_PER_SLOT = 4
 """Default window: offers remembered per slot of the store (module docstring)."""
 _MIX = 0x9E3779B97F4A7C15  # odd: spreads the tag over the 64 bits before it meets the digest
 _MASK = (1 << 64) - 1
+_HALVES = struct.Struct("<QQ")  # a key's group tag and the first 8 bytes of its digest
 MAX_WINDOW = 1 << 30
 """The largest window (about 150 GiB of fingerprints at worst: a bound on typos)."""
 
@@ -94,8 +96,13 @@ def fingerprint(key: ChunkKey) -> int:
     >>> fingerprint(ChunkKey(bytes(8) + bytes([1]) + bytes(31)))   # tag 0, digest 1
     1
     """
-    tag, digest = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:16], "little")
+    tag, digest = _HALVES.unpack_from(key)
     return (tag * _MIX ^ digest) & _MASK
+
+
+def fingerprints(keys: Sequence[ChunkKey]) -> list[int]:
+    """``fingerprint`` of each key, in one pass (a store offers a request's keys at once)."""
+    return [(tag * _MIX ^ digest) & _MASK for tag, digest in map(_HALVES.unpack_from, keys)]
 
 
 class OfferWindow:
@@ -116,30 +123,36 @@ class OfferWindow:
         self._pos = 0
         self._counts: dict[int, int] = {}  # fingerprint -> offers of it in the ring
 
-    def split(self, keys: Sequence[ChunkKey]) -> tuple[list[ChunkKey], list[ChunkKey]]:
+    def split(
+        self, keys: Sequence[ChunkKey], fps: Sequence[int] | None = None
+    ) -> tuple[list[ChunkKey], list[ChunkKey]]:
         """``(admitted, declined)``, each in order, changing nothing: the (distinct) keys
         whose offer, were ``keys`` offered one after another now, would find at least
-        ``after - 1`` offers of the same key among the last ``window`` offers before it."""
+        ``after - 1`` offers of the same key among the last ``window`` offers before it.
+        ``fps``: their ``fingerprints``, when the caller has them already."""
         counts, need, ring, window = self._counts, self.after - 1, self._ring, self.window
+        pos = self._pos
         gone: dict[int, int] = {}  # offers that leave the window before the current key
-        dropped = 0
+        # before key i, the oldest max(0, min(len(ring), len(ring) + i - window)) offers have
+        # left: that grows by at most one per key
+        dropped, late, full = 0, len(ring) - window, len(ring)
         admitted: list[ChunkKey] = []
         declined: list[ChunkKey] = []
-        for i, k in enumerate(keys):
-            while dropped < min(len(ring), len(ring) + i - window):
-                old = ring[(self._pos + dropped) % window]
+        for k, fp in zip(keys, fingerprints(keys) if fps is None else fps, strict=True):
+            if late > dropped and dropped < full:
+                old = ring[(pos + dropped) % window]
                 gone[old] = gone.get(old, 0) + 1
                 dropped += 1
-            fp = fingerprint(k)
-            seen = counts.get(fp, 0) - gone.get(fp, 0)
+            late += 1
+            seen = counts.get(fp, 0) - gone.get(fp, 0) if gone else counts.get(fp, 0)
             (admitted if seen >= need else declined).append(k)
         return admitted, declined
 
-    def record(self, keys: Sequence[ChunkKey]) -> None:
-        """Count one offer of each key, forgetting the oldest offers past the window."""
+    def record(self, keys: Sequence[ChunkKey], fps: Sequence[int] | None = None) -> None:
+        """Count one offer of each key, forgetting the oldest offers past the window
+        (``fps``: as ``split``'s)."""
         counts, ring, window = self._counts, self._ring, self.window
-        for k in keys:
-            fp = fingerprint(k)
+        for fp in fingerprints(keys) if fps is None else fps:
             counts[fp] = counts.get(fp, 0) + 1
             if len(ring) < window:
                 ring.append(fp)

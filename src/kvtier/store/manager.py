@@ -30,9 +30,9 @@ A ``complete_*`` given a stale, foreign, or already completed handle raises
 
 States: absent -> writing -> ready <-> pinned -> (evicted or removed) -> absent. The manager
 alone owns the accounting (two dicts and a count, changed only by the ``_reserve`` /
-``_publish`` / ``_abort`` / ``_drop`` / ``_pin`` / ``_unpin`` helpers) and the one eviction
-loop (``_make_room``); the policy only picks victims. ``check_invariants()`` recomputes
-everything from scratch.
+``_publish`` / ``_abort`` / ``_drop`` helpers; pins counted in ``kvtier.store.pins``) and
+the one eviction loop (``_make_room``); the policy only picks victims.
+``check_invariants()`` recomputes everything from scratch (``kvtier.store.checks``).
 
 Threads: every public method holds ``self.lock``, one ``threading.RLock``; the engine's
 scheduler thread and transfer-completion threads may call concurrently. Subscribers run
@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from operator import invert
 from typing import NoReturn, cast
@@ -66,14 +65,23 @@ from typing import NoReturn, cast
 from mypy_extensions import mypyc_attr
 
 from kvtier.keys import ChunkKey
-from kvtier.store.admission import Admission
+from kvtier.store.admission import Admission, fingerprints
 from kvtier.store.backend import SlotAllocator, SlotBackend
-from kvtier.store.policies import Policy, make_policy
+from kvtier.store.checks import (
+    check_handles,
+    check_policy,
+    check_slots,
+    parent_hint,
+    resolve_num_slots,
+    resolve_policy,
+    take_handle,
+)
+from kvtier.store.pins import PinCounts
+from kvtier.store.policies import Policy
 from kvtier.store.results import (
     ChunkNotReadyError,
     ChunkState,
     EventKind,
-    HandleError,
     LoadHandle,
     StoreEvent,
     StoreHandle,
@@ -107,8 +115,8 @@ class ChunkStore:
         admission: Admission | None = None,
     ) -> None:
         self.backend = backend
-        self.num_slots = _resolve_num_slots(num_slots, backend)
-        self.policy = _resolve_policy(policy, self.num_slots)
+        self.num_slots = resolve_num_slots(num_slots, backend)
+        self.policy = resolve_policy(policy, self.num_slots)
         if admission is not None and not isinstance(admission, Admission):
             raise ValueError(f"ChunkStore: admission must be an Admission, got {admission!r}")
         self.admission = admission or Admission()
@@ -120,9 +128,7 @@ class ChunkStore:
         # so one lookup tells both (a negative value is never readable)
         self._slots: dict[ChunkKey, int] = {}
         self._num_writing = 0
-        # ready key -> live loads holding it (> 0); None while the one live load's pins are
-        # not counted yet (_pin, _pinned)
-        self._pins: dict[ChunkKey, int] | None = {}
+        self._pin_counts = PinCounts()  # live loads per pinned key
         self._loads: dict[int, LoadHandle] = {}
         self._stores: dict[int, StoreHandle] = {}
         self._ids = itertools.count(1)
@@ -182,7 +188,7 @@ class ChunkStore:
                 self._refuse_load(ks)
             hid = next(self._ids)
             handle = self._loads[hid] = LoadHandle(hid, tuple(ks), held)
-            self._pin(handle.keys)
+            self._pin_counts.pin(handle.keys, self._loads)
             return handle
 
     def _refuse_load(self, ks: list[ChunkKey]) -> NoReturn:
@@ -196,8 +202,8 @@ class ChunkStore:
     def complete_load(self, handle: LoadHandle) -> None:
         """Release the pins of ``handle``; ``HandleError`` if it is not live here."""
         with self.lock:
-            _take(self._loads, handle, "load")
-            self._unpin(handle.keys)
+            take_handle(self._loads, handle, "load")
+            self._pin_counts.unpin(handle.keys, self._loads)
             self.policy.on_access(handle.keys)
 
     def touch(self, keys: Iterable[ChunkKey]) -> int:
@@ -225,7 +231,7 @@ class ChunkStore:
         when first stored: admission does not filter (nor count) them.
         """
         ks = checked_keys(keys)
-        hint = _parent_hint(ks, parents)
+        hint = parent_hint(ks, parents)
         if len(ks) > 1:
             ks = list(dict.fromkeys(ks))
         with self.lock:
@@ -239,14 +245,15 @@ class ChunkStore:
             offers = None if promote else self._offers
             declined: list[ChunkKey]
             offered, declined = new, []  # declined: offered keys admission holds back
+            fps = fingerprints(new) if offers is not None else []
             if offers is not None:
-                new, declined = offers.split(new)
+                new, declined = offers.split(new, fps)
             if len(new) > self._alloc.num_free:
                 refusal = self._make_room(len(new), skipped)
                 if refusal is not None:
                     return refusal
             if offers is not None:
-                offers.record(offered)
+                offers.record(offered, fps)
             hid = next(self._ids)
             handle = StoreHandle(
                 hid, tuple(new), self._reserve(new), skipped,
@@ -259,7 +266,7 @@ class ChunkStore:
         """Publish ``handle``'s chunks (``ok``) or free their slots; ``HandleError`` if the
         handle is not live here."""
         with self.lock:
-            _take(self._stores, handle, "store")
+            take_handle(self._stores, handle, "store")
             if ok:
                 self._publish(handle)
                 self._emit(_STORED, handle.keys, handle.slots)
@@ -332,41 +339,9 @@ class ChunkStore:
         self._alloc.free_many(freed)
         return freed
 
-    def _pin(self, keys: tuple[ChunkKey, ...]) -> None:
-        """ready -> pinned (or one pin more) for the load just added to ``_loads``. The
-        pins of a lone load are counted only when asked (``_pinned``): the usual load is
-        completed before anything asks."""
-        pins = self._pins
-        if len(self._loads) == 1:
-            self._pins = None
-        elif pins is None:
-            self._pinned()  # counts every live load, this one too
-        else:
-            for k in keys:
-                pins[k] = pins.get(k, 0) + 1
-
     def _pinned(self) -> dict[ChunkKey, int]:
-        """Live loads per pinned key, counted from the live load handles if not yet."""
-        if self._pins is None:
-            counts: Counter[ChunkKey] = Counter()
-            for h in self._loads.values():
-                counts.update(h.keys)
-            self._pins = dict(counts)
-        return self._pins
-
-    def _unpin(self, keys: tuple[ChunkKey, ...]) -> None:
-        """One pin less per key of a load handle that ``_take`` just retired."""
-        if not self._loads:  # it was the only live load: every pin left was its own
-            self._pins = {}
-            return
-        pins = self._pins
-        assert pins is not None, "pins go uncounted only while one load is live"
-        for k in keys:
-            left = pins[k] - 1
-            if left:
-                pins[k] = left
-            else:
-                del pins[k]
+        """Live loads per pinned key (``kvtier.store.pins``)."""
+        return self._pin_counts.counts(self._loads)
 
     # ---- events ------------------------------------------------------------------------
 
@@ -396,92 +371,8 @@ class ChunkStore:
     def check_invariants(self) -> None:
         """Recompute every count from scratch; AssertionError on any disagreement."""
         with self.lock:
-            self._check_slots()
-            self._check_handles()
-            self._check_policy()
-
-    def _check_slots(self) -> None:
-        free = self._alloc.free_slots()
-        used = [v if v >= 0 else ~v for v in self._slots.values()]
-        if sorted(free + used) != list(range(self.num_slots)):
-            raise AssertionError(f"slots leaked or shared: {len(free)} free, {len(used)} used")
-        if self._num_writing != len(self._writing_keys()):
-            raise AssertionError("the writing count disagrees with the writing keys")
-        if not self._pinned().keys() <= self._slots.keys() - self._writing_keys():
-            raise AssertionError("a pinned key is not ready")
-
-    def _writing_keys(self) -> set[ChunkKey]:
-        return {k for k, v in self._slots.items() if v < 0}
-
-    def _check_handles(self) -> None:
-        writers = [k for h in self._stores.values() for k in h.keys]
-        writing = self._writing_keys()
-        if len(writers) != len(writing) or set(writers) != writing:
-            raise AssertionError("writing keys disagree with the live store handles")
-        for sh in self._stores.values():
-            if tuple(~self._slots[k] for k in sh.keys) != sh.slots:
-                raise AssertionError(f"store handle {sh.id} names the wrong slots")
-        pins = Counter(k for h in self._loads.values() for k in h.keys)
-        if pins != Counter(self._pinned()) or 0 in self._pinned().values():
-            raise AssertionError("pin counts disagree with the live load handles")
-        for h in self._loads.values():
-            if tuple(self._slots[k] for k in h.keys) != h.slots:
-                raise AssertionError(f"load handle {h.id} names the wrong slots")
-
-    def _check_policy(self) -> None:
-        ready = self._slots.keys() - self._writing_keys()
-        if len(self.policy) != len(ready) or set(self.policy.resident()) != ready:
-            raise AssertionError(
-                f"policy holds {len(self.policy)} keys, the store {len(ready)} ready chunks"
-            )
-        self.policy.check_invariants()
-
-
-def _take(live: dict[int, LoadHandle] | dict[int, StoreHandle], handle: object, kind: str) -> None:
-    """Remove ``handle`` from ``live`` or raise ``HandleError`` (changing nothing)."""
-    hid = getattr(handle, "id", None)
-    if not isinstance(hid, int) or live.get(hid) is not handle:
-        raise HandleError(
-            f"complete_{kind}: {type(handle).__name__} {hid!r} is not a live {kind} handle of "
-            f"this store (already completed, from another store, or not a {kind} handle)"
-        )
-    del live[hid]
-
-
-def _parent_hint(
-    ks: list[ChunkKey], parents: Sequence[object] | None
-) -> dict[ChunkKey, ChunkKey | None] | None:
-    """``key -> parent`` from ``prepare_store``'s hint (None without one); ValueError if
-    the hint does not give one 40-byte key or None per key."""
-    if parents is None:
-        return None
-    ps = list(parents)
-    if len(ps) != len(ks):
-        raise ValueError(f"prepare_store: {len(ps)} parents for {len(ks)} keys; give one each")
-    checked_keys([p for p in ps if p is not None])
-    return dict(zip(ks, cast("list[ChunkKey | None]", ps), strict=True))
-
-
-def _resolve_num_slots(num_slots: int | None, backend: SlotBackend | None) -> int:
-    if (num_slots is None) == (backend is None):
-        raise ValueError(
-            "ChunkStore: give exactly one of num_slots (metadata-only) or backend (a tier)"
-        )
-    if backend is not None:
-        return backend.num_slots
-    if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
-        raise ValueError(f"ChunkStore: num_slots must be an integer >= 1, got {num_slots!r}")
-    return num_slots
-
-
-def _resolve_policy(policy: str | Policy, num_slots: int) -> Policy:
-    if isinstance(policy, str):
-        return make_policy(policy, num_slots)
-    if not isinstance(policy, Policy):
-        raise ValueError(f"ChunkStore: policy must be a name or a Policy, got {policy!r}")
-    if policy.capacity != num_slots or len(policy):
-        raise ValueError(
-            f"ChunkStore: the policy must be new and built for {num_slots} slots "
-            f"(capacity {policy.capacity}, {len(policy)} resident)"
-        )
-    return policy
+            pinned = self._pinned()
+            check_slots(self._alloc.free_slots(), self._slots, self.num_slots,
+                        self._num_writing, pinned)
+            check_handles(self._slots, self._stores, self._loads, pinned)
+            check_policy(self.policy, self._slots)
