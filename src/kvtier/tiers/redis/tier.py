@@ -5,7 +5,7 @@ Every kvtier process pointed at one server or cluster (and one ``namespace``) sh
 chunks: the value of ``<namespace>:<key hex>`` is the chunk's record
 (``kvtier.tiers.records.format``), verified on every read exactly like the disk tier's files.
 Reads and writes are batched: one pipelined round trip per node per call. One server and a
-cluster take the same path (``kvtier.tiers.redis.conn``): a batch is split by node, the
+cluster take the same path (``kvtier.tiers.redis.conn``, ``.links``): a batch is split by node, the
 nodes are asked at once, ``MOVED`` and ``ASK`` are followed.
 
 Faults never propagate. Every socket operation is bounded by ``timeout_s``; redis-py's own
@@ -42,17 +42,9 @@ from kvtier.tiers.config import check_number
 from kvtier.tiers.lower import AsyncTwins, Demote, Item, TierStats, Workers
 from kvtier.tiers.records.format import RecordError, decode, encode_pair
 from kvtier.tiers.records.seal import Seal
-from kvtier.tiers.redis.conn import (
-    Backoff,
-    ClusterLink,
-    Link,
-    Nodes,
-    Reply,
-    ServerLink,
-    Unreached,
-    redis_module,
-)
+from kvtier.tiers.redis.conn import Backoff, Nodes, Reply, Unreached
 from kvtier.tiers.redis.each import Each, checkout, next_reply
+from kvtier.tiers.redis.links import ClusterLink, Link, ServerLink, redis_module
 from kvtier.tiers.redis.options import (
     DEFAULT_URL,
     MAX_TIMEOUT_S,
