@@ -6,17 +6,19 @@ reach them: ``kvtier.tiers.redis.links``).
 1. split the call's names by node; a node backing off is not contacted (its names are
    ``UNREACHED``, counted once in ``stats.skipped``);
 2. send one pipeline per node, all nodes at once on a cluster, so a call lasts as long
-   as its slowest node, and stalled nodes at most one socket timeout (``timeout_s``;
-   redis-py's own retries are off): writes from one thread per node (each checksums and
-   sends its megabytes), reads and other small commands from the calling thread, every
-   node's requests first, then the replies as they arrive (``kvtier.tiers.redis.each``);
+   as its slowest node, and no longer than its deadline, ``timeout_s`` from its start,
+   whatever the nodes do (``kvtier.tiers.redis.guard``; redis-py's own retries are off):
+   writes from one thread per node (each checksums and sends its megabytes), reads and
+   other small commands from the calling thread, every node's requests first, then the
+   replies as they arrive (``kvtier.tiers.redis.each``);
 3. follow ``MOVED`` (the slot moved for good: the slot map is updated) and ``ASK`` (the
-   slot is migrating: ``ASKING`` first) replies once, to the node they name;
-4. a node that fails (refused, timed out, wrong password) leaves its names ``UNREACHED``,
-   is counted in ``stats.errors`` and backs off alone (``Backoff``): the other nodes'
-   names are served, and on a cluster the slot map is refreshed in the background, in
-   case a replica took over. A reply refused for one name only stays in place, for the
-   tier to count against that name.
+   slot is migrating: ``ASKING`` first) replies once, to the node they name, if the
+   deadline has not passed (a redirection not followed is a refusal of its name);
+4. a node that fails (refused, timed out, wrong password, a reply that cannot be read)
+   leaves its names ``UNREACHED``, is counted in ``stats.errors`` and backs off alone
+   (``Backoff``): the other nodes' names are served, and on a cluster the slot map is
+   refreshed in the background, in case a replica took over. A reply refused for one
+   name only stays in place, for the tier to count against that name.
 
 >>> Backoff(initial_s=0.1, max_s=1.0).delay(1), Backoff(initial_s=0.1, max_s=1.0).delay(5)
 (0.1, 1.0)
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +37,7 @@ from typing import Any
 from kvtier.tiers.config import check_number
 from kvtier.tiers.lower import TierStats
 from kvtier.tiers.redis.each import Each, Faults, Reply, run_each
+from kvtier.tiers.redis.guard import UnusableReply, call_deadline, remaining, run_within
 from kvtier.tiers.redis.links import Link, ServerLink, redis_module
 
 _log = logging.getLogger("kvtier.tiers.redis.tier")  # the tier's: its users filter by it
@@ -142,13 +146,14 @@ class Nodes:
         """``command``'s reply for each of ``names``, ``UNREACHED`` where its node was not
         reached (module docstring)."""
         replies: list[Reply] = [UNREACHED] * len(names)
-        link = self._connect()
-        if link is not None:
-            groups = {(node, False): idx for node, idx in link.route(names).items()}
-            self._send(link, groups, command, replies)
-            redirects = self._redirects(link, replies)
-            if redirects:
-                self._send(link, redirects, command, replies)
+        with call_deadline(time.monotonic() + self.timeout_s):
+            link = self._connect()
+            if link is not None:
+                groups = {(node, False): idx for node, idx in link.route(names).items()}
+                self._send(link, groups, command, replies)
+                redirects = self._redirects(link, replies)
+                if redirects and remaining() > 0:  # else they stay refusals of their names
+                    self._send(link, redirects, command, replies)
         return replies
 
     def _connect(self) -> Link | None:
@@ -177,13 +182,14 @@ class Nodes:
             else:
                 self.stats.add(skipped=1)
         failed = partial(self._node_failed, link)
+        run = partial(run_within, link.run)  # the call's deadline goes with each job
         if isinstance(command, Each):
             faults = Faults(_faults(), redis_module().ResponseError)
-            run_each(command, up, link.client, link.run, faults, self.timeout_s,
+            run_each(command, up, link.client, run, faults, self.timeout_s,
                      self.health.ok, failed, replies)
             return
-        link.run([partial(self._one, link, node, asking, indexes, command, replies)
-                  for (node, asking), indexes in up.items()])
+        run([partial(self._one, link, node, asking, indexes, command, replies)
+             for (node, asking), indexes in up.items()])
 
     def _one(
         self, link: Link, node: str, asking: bool, indexes: list[int], command: Command,
@@ -231,10 +237,10 @@ class Nodes:
 
 
 def _faults() -> tuple[type[BaseException], ...]:
-    """What a failed call raises: redis-py's errors, a cluster that cannot be found, and
-    socket errors."""
+    """What a failed call raises: redis-py's errors, a cluster that cannot be found, socket
+    errors, and a reply that cannot be read (``kvtier.tiers.redis.guard``)."""
     redis = redis_module()
-    return redis.RedisError, redis.exceptions.RedisClusterException, OSError
+    return redis.RedisError, redis.exceptions.RedisClusterException, OSError, UnusableReply
 
 
 def describe(error: BaseException) -> str:
@@ -248,4 +254,6 @@ def describe(error: BaseException) -> str:
         return f"authentication failed (wrong or missing username or password): {error}"
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return f"the server does not answer ({error})"
+    if isinstance(error, UnusableReply):
+        return str(error)
     return f"the server refused the call ({error})"

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from kvtier.tiers.lower import Workers
+from kvtier.tiers.redis.guard import PARSE_ERRORS, UnusableReply, call_deadline, parsed
 
 _log = logging.getLogger("kvtier.tiers.redis.tier")  # the tier's: its users filter by it
 
@@ -106,10 +108,12 @@ class ClusterLink:
         settings = {**options, **redis.connection.parse_url(urls[0])}
         startup = [redis.cluster.ClusterNode(p.hostname, p.port)
                    for p in map(urlsplit, urls)]
-        self._nodes = redis.cluster.NodesManager(
-            startup_nodes=startup, require_full_coverage=False,
-            **redis.cluster.cleanup_kwargs(**settings),
-        )  # its node clients never retry a call themselves
+        with parsed():  # it reads the slot map: a reply that cannot be read fails the link
+            self._nodes = redis.cluster.NodesManager(
+                startup_nodes=startup, require_full_coverage=False,
+                **redis.cluster.cleanup_kwargs(**settings),
+            )  # its node clients never retry a call themselves
+        self._timeout_s = float(options["socket_timeout"])
         self._lock = threading.Lock()
         self._jobs = Workers("redis-nodes", 16)
         self._refreshing: Future[None] | None = None
@@ -126,22 +130,28 @@ class ClusterLink:
         return groups
 
     def client(self, node: str) -> Any:
-        found = self._nodes.get_node(node_name=node)
-        if found is None:  # a node learnt from a redirection only
-            host, _, port = node.rpartition(":")
-            found = redis_module().cluster.ClusterNode(host, int(port))
-        if found.redis_connection is None:
-            with self._lock:
-                if found.redis_connection is None:
-                    self._nodes.create_redis_connections([found])
+        with parsed():  # a node's name comes from the servers
+            found = self._nodes.get_node(node_name=node)
+            if found is None:  # a node learnt from a redirection only
+                host, _, port = node.rpartition(":")
+                found = redis_module().cluster.ClusterNode(host, int(port))
+            if found.redis_connection is None:
+                with self._lock:
+                    if found.redis_connection is None:
+                        self._nodes.create_redis_connections([found])
         return found.redis_connection
 
     def redirected(self, error: Exception) -> str | None:
+        """The node of a redirection that names a slot and an address that can be (a server
+        chooses them: others are not followed)."""
         redis = redis_module()
-        if isinstance(error, redis.exceptions.MovedError):
-            self._moved(error)
-        elif not isinstance(error, redis.exceptions.AskError):
+        if not isinstance(error, redis.exceptions.AskError) or not _addressable(error):
             return None
+        if isinstance(error, redis.exceptions.MovedError):
+            try:
+                self._moved(error)
+            except PARSE_ERRORS:  # a slot map redis-py cannot update: read it afresh
+                self.failed("")
         return f"{error.host}:{error.port}"
 
     def _moved(self, error: Exception) -> None:
@@ -161,8 +171,10 @@ class ClusterLink:
     def _refresh(self) -> None:
         redis = redis_module()
         try:
-            self._nodes.initialize()
-        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
+            with call_deadline(time.monotonic() + self._timeout_s), parsed():
+                self._nodes.initialize()
+        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError,
+                UnusableReply) as e:
             _log.debug("redis cluster: slot map not refreshed: %s", e)  # kept as it was
 
     def run(self, jobs: Sequence[Callable[[], None]]) -> None:
@@ -175,3 +187,14 @@ class ClusterLink:
     def close(self) -> None:
         self._jobs.close()
         self._nodes.reset()
+
+
+SLOTS = 16384
+"""A Redis Cluster's hash slots."""
+
+
+def _addressable(error: Any) -> bool:
+    """Whether a redirection names a slot of a cluster and a port a socket can reach."""
+    slot, port = getattr(error, "slot_id", None), getattr(error, "port", None)
+    return (isinstance(slot, int) and 0 <= slot < SLOTS and isinstance(port, int)
+            and 0 < port < 65536 and bool(getattr(error, "host", "")))

@@ -44,6 +44,7 @@ from kvtier.tiers.records.format import RecordError, decode, encode_pair
 from kvtier.tiers.records.seal import Seal
 from kvtier.tiers.redis.conn import Backoff, Nodes, Reply, Unreached
 from kvtier.tiers.redis.each import Each, checkout, next_reply
+from kvtier.tiers.redis.guard import UnusableReply, bound_connection
 from kvtier.tiers.redis.links import ClusterLink, Link, ServerLink, redis_module
 from kvtier.tiers.redis.options import (
     DEFAULT_URL,
@@ -125,7 +126,7 @@ class RedisTier(AsyncTwins):
             return {}
         start = time.perf_counter()
         names = [self._name(k) for k in keys]
-        values = self._nodes.call(names, Each("GET", names))
+        values = _as("GET", (bytes, type(None)), self._nodes.call(names, Each("GET", names)))
         if _none_reached(values):
             self.stats.add(misses=len(keys))
             return {}
@@ -147,8 +148,9 @@ class RedisTier(AsyncTwins):
         if not keys:
             return []
         names = [self._name(k) for k in keys]
-        return [n is True or (isinstance(n, int) and n > 0)
-                for n in self._nodes.call(names, Each("EXISTS", names))]
+        replies = _as("EXISTS", (int,), self._nodes.call(names, Each("EXISTS", names)))
+        self._refused([r for r in replies if _refusal(r)])
+        return [isinstance(n, int) and n > 0 for n in replies]
 
     def _verify(
         self, keys: Sequence[ChunkKey], values: list[Reply]
@@ -228,7 +230,7 @@ def _address(
     ``ValueError`` for a bad URL or node, or for both given."""
     where = {"username": login["username"] is not None, "password": login["password"] is not None}
     options = {**login, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
-               "socket_read_size": READ_SIZE}
+               "socket_read_size": READ_SIZE, "redis_connect_func": bound_connection}
     if cluster_nodes is None:
         url = check_url(DEFAULT_URL if url is None else url, "redis tier: url", **where)
         return (lambda: ServerLink(url, options)), redact(url)
@@ -283,8 +285,7 @@ def _set_many(
         ask = [_ASKING] if asking else []
         conn.send_packed_command([b for r in records for b in (*ask, *_set_command(*r, ttl_s))])
         refused = redis_module().ResponseError
-        replies = [next_reply(conn, refused, asking) for _ in records]
-        return [r if isinstance(r, Exception) else None for r in replies]
+        return [_written(next_reply(conn, refused, asking)) for _ in records]
     except BaseException:
         conn.disconnect()
         raise
@@ -293,6 +294,25 @@ def _set_many(
 
 
 _ASKING = b"*1\r\n$6\r\nASKING\r\n"
+
+
+def _written(reply: Reply) -> Exception | None:
+    """None for a SET the server did (``OK``), else why not: its refusal, or a reply that
+    is no answer to a SET."""
+    if isinstance(reply, Exception):
+        return reply
+    return None if reply in (b"OK", "OK") else _odd("SET", reply)
+
+
+def _odd(command: str, reply: object) -> UnusableReply:
+    """A reply of a type ``command`` never gets from Redis (a server that is not Redis, or
+    not well): a refusal of its name."""
+    return UnusableReply(f"the server answered {command} with a {type(reply).__name__}")
+
+
+def _as(command: str, kinds: tuple[type, ...], replies: list[Reply]) -> list[Reply]:
+    """``replies``, each not of ``kinds`` (nor an error) as ``_odd``."""
+    return [r if isinstance(r, (*kinds, Exception)) else _odd(command, r) for r in replies]
 
 
 def _set_command(
