@@ -150,15 +150,21 @@ def test_an_evicted_chunk_whose_file_was_replaced_leaves_the_new_file_alone(tmp_
     assert sorted(os.listdir(tmp_path / "chunks")) == sorted(key(n).hex() for n in "abc")
 
 
-def test_own_leftovers_are_cleaned_and_a_torn_temporary_without_header_kept(tmp_path):
+def test_own_leftovers_are_cleaned_torn_headers_too_and_look_alikes_kept(tmp_path):
     chunks = tmp_path / "chunks"
     chunks.mkdir()
     record = a_record_of(tmp_path, "t")
     (chunks / f"{key('t').hex()}.tmp-7-1").write_bytes(record[: HEADER_BYTES + 10])
     (chunks / f"{key('d').hex()}.drop-7-2").write_bytes(a_record_of(tmp_path, "d"))
     (chunks / f"{key('u').hex()}.tmp-7-3").write_bytes(b"")  # killed before its header
+    (chunks / f"{key('v').hex()}.tmp-7-4").write_bytes(a_record_of(tmp_path, "v")[:36])
+    kept = {f"{key('w').hex()}.tmp-7-5": a_record_of(tmp_path, "x")[:36],  # another key's
+            f"{key('y').hex()}.tmp-7-6": b"KVTR?",  # not how a header goes on
+            f"{key('z').hex()}": b""}  # a chunk's name is never torn: a record or foreign
+    for name, data in kept.items():
+        (chunks / name).write_bytes(data)
     open_disk(tmp_path).close()
-    assert os.listdir(chunks) == [f"{key('u').hex()}.tmp-7-3"]
+    assert sorted(os.listdir(chunks)) == sorted(kept)
 
 
 def read_only_scenario(path: Path) -> dict[str, object]:

@@ -9,10 +9,13 @@ the disk tier owns only what it can prove it wrote:
   later redirects nothing. Chunk files are opened with ``O_NOFOLLOW`` and must be regular
   files; new ones are created with ``O_EXCL``.
 * An entry of ``chunks/`` is the tier's own only if its name is one the tier writes
-  (``<key hex>``, ``<key hex>.tmp-<pid>-<n>``, ``<key hex>.drop-<pid>-<n>``) *and* it starts
-  with a kvtier record header (magic and header checksum intact) claiming that key. Anything
-  else (a user's file, a subdirectory, a symlink, a temporary torn before its header) is
-  *foreign*: never read as a chunk, never renamed, never deleted, only counted.
+  (``<key hex>``, ``<key hex>.tmp-<pid>-<n>``, ``<key hex>.drop-<pid>-<n>``) *and* it is a
+  regular file that starts with a kvtier record header (magic and header checksum intact)
+  claiming that key, or, for a temporary or a drop only, is shorter than a header and is
+  how one for that key begins as far as it goes (empty included: a write killed before its
+  header was whole; ``torn_header_of``). Anything else (a user's file, a subdirectory, a
+  symlink, a file of another name however like) is *foreign*: never read as a chunk, never
+  renamed, never deleted, only counted.
 
 >>> import tempfile
 >>> with tempfile.TemporaryDirectory() as d:
@@ -38,7 +41,7 @@ from pathlib import Path
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
 from kvtier.store.results import KEY_BYTES
-from kvtier.tiers.records.format import HEADER_BYTES, claimed_key
+from kvtier.tiers.records.format import HEADER_BYTES, claimed_key, torn_header_of
 
 Writer = Callable[[int, Sequence[BytesLike]], None]
 """Writes buffers, in order, to an open file descriptor (a seam for fault tests)."""
@@ -98,11 +101,22 @@ class ChunkDir:
                 st = e.stat(follow_symlinks=False)
                 match = _NAME.match(e.name)
                 key = None
-                if match and stat.S_ISREG(st.st_mode) and st.st_size >= HEADER_BYTES:
+                if match and stat.S_ISREG(st.st_mode):
                     named = ChunkKey(bytes.fromhex(match.group(1)))
-                    key = named if self.claims(e.name, named) else None
+                    aside = match.group(2) is not None
+                    key = named if self._ours(e.name, named, st.st_size, aside) else None
                 leftover = key is not None and match is not None and match.group(2) is not None
                 yield Entry(e.name, key, leftover, st.st_size, st.st_mtime_ns)
+
+    def _ours(self, name: str, key: ChunkKey, size: int, aside: bool) -> bool:
+        """Whether regular file ``name`` is the tier's (module docstring); ``aside``: a
+        temporary or a drop, which a kill may have left torn before its header."""
+        if size >= HEADER_BYTES:
+            return self.claims(name, key)
+        try:
+            return aside and torn_header_of(self.read(name, HEADER_BYTES), key)
+        except OSError:
+            return False
 
     def claims(self, name: str, key: ChunkKey) -> bool:
         """Whether file ``name`` starts with a kvtier record header for ``key``."""

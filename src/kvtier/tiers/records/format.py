@@ -134,6 +134,24 @@ def claimed_key(header: BytesLike) -> ChunkKey | None:
     return ChunkKey(rkey)
 
 
+def torn_header_of(start: bytes, key: ChunkKey) -> bool:
+    """Whether ``start``, shorter than a header, is how a header for ``key`` begins as far
+    as it goes (magic, version, key; the fields after the key cannot be told): a write
+    killed before its header was whole. Empty bytes qualify.
+
+    >>> k = ChunkKey(bytes(range(40)))
+    >>> head = b"".join(encode(k, b"geometry", b"payload"))[:36]
+    >>> other = ChunkKey(bytes(40))
+    >>> torn_header_of(head, k), torn_header_of(head, other), torn_header_of(b"KVTX", k)
+    (True, False, False)
+    """
+    if len(start) >= HEADER_BYTES:
+        return False
+    known = MAGIC + struct.pack("<H", VERSION)
+    return (start[:len(known)] == known[:len(start)]
+            and start[8:8 + KEY_BYTES] == key[:max(0, len(start) - 8)])
+
+
 def record_length(header: BytesLike) -> int:
     """The full length the header of a record announces (its first HEADER_BYTES bytes)."""
     view = memoryview(header).cast("B")  # type: ignore[arg-type]
