@@ -87,7 +87,7 @@ def test_a_symlinked_lock_is_refused_and_nothing_is_created_elsewhere(tmp_path, 
         target.write_bytes(b"someone's file")
     (tmp_path / "disk").mkdir()
     (tmp_path / "disk" / "LOCK").symlink_to(target)
-    with pytest.raises(ValueError, match="LOCK cannot be opened as a plain file"):
+    with pytest.raises(ValueError, match="LOCK is a symlink, which is refused"):
         open_disk(tmp_path / "disk")
     assert target.exists() == target_exists
     assert not target_exists or target.read_bytes() == b"someone's file"
@@ -223,3 +223,28 @@ def test_a_read_only_directory_refuses_stores_and_raises_nothing():
         "put": [], "put_async": [], "found": ["b", "c"], "refused": 3,
         "files_after_reopen": 3, "served_after_reopen": ["a", "b", "c"],
     }, result
+
+
+def _open_unwritable(path: Path) -> str:
+    try:
+        open_disk(path).close()
+    except ValueError as e:
+        return str(e)
+    return "opened"
+
+
+def test_a_directory_the_process_cannot_write_says_so():
+    """What a read-only file system meets too (the same branch, its own strerror): the
+    message says the directory cannot be written, not that a symlink is refused."""
+    with tempfile.TemporaryDirectory() as base:
+        os.chmod(base, 0o777)
+        locked = Path(base) / "locked"
+        locked.mkdir(mode=0o555)
+        said = in_unprivileged_child(
+            lambda p: [_open_unwritable(p), _open_unwritable(p / "sub")], locked)
+    assert said == [
+        f"disk tier: cannot create {locked / 'LOCK'} (Permission denied); give a directory "
+        "this process can write",
+        f"disk tier: cannot create or open {locked / 'sub'} (Permission denied); give a "
+        "directory this process can write",
+    ], json.dumps(said)

@@ -37,7 +37,7 @@ from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
 from kvtier.planner.binding import BlockTable, ChunkBinder, Fences
 from kvtier.planner.lookup import assess, candidate_hits, hit_keys, ready_at
-from kvtier.planner.requests import PendingHit, RequestState, load_block_ids
+from kvtier.planner.requests import PendingHit, RequestState, check_computed, load_block_ids
 from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
     LoadResult,
@@ -304,6 +304,7 @@ class Planner:
     ) -> TransferJob | None:
         """The engine has computed ``horizon`` tokens of the request: the store job for the
         chunks that became storable (refused ones are retried on the next call)."""
+        check_computed(self.layout.groups, request_id, horizon, block_table)
         with self._lock:
             req = self._request(request_id)
             if horizon > req.chain.num_tokens:

@@ -79,11 +79,13 @@ class ChunkDir:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        _check_path(path)
         try:
             path.mkdir(parents=True, exist_ok=True)
             top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
-            raise ValueError(f"disk tier: cannot open {path}: {e.strerror}") from None
+            raise ValueError(f"disk tier: cannot create or open {path} ({e.strerror}); give "
+                             "a directory this process can write") from None
         try:
             self._lock = _lock(path, top)
             self.fd = _open_chunks(path, top)
@@ -204,16 +206,41 @@ class ChunkDir:
                 setattr(self, attr, -1)
 
 
+_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket", stat.S_IFREG: "a file"}
+
+
+def _check_path(path: Path) -> None:
+    """``ValueError`` for a path the tier must not fill: the file system's root (its
+    ``chunks/`` and ``LOCK`` would sit among the system's own), or anything but a
+    directory (``/dev/null``)."""
+    real = Path(os.path.realpath(path))
+    if real == real.parent:
+        raise ValueError(f"disk tier: {path} is the file system's root; give the tier a "
+                         "directory of its own (e.g. /var/cache/kvtier)")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # not there yet: created (or refused with its reason) next
+    if not stat.S_ISDIR(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a directory")
+        raise ValueError(f"disk tier: {path} is {kind}, not a directory; give a directory "
+                         "for the tier's files")
+
+
 def _lock(path: Path, top: int) -> int:
     """Open ``LOCK`` without following a symlink and take an exclusive ``flock`` on it."""
     try:
         fd = os.open("LOCK", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                      dir_fd=top)
     except OSError as e:
-        raise ValueError(
-            f"disk tier: {path / 'LOCK'} cannot be opened as a plain file ({e.strerror}); "
-            "a symlink there is refused: remove it or choose another path"
-        ) from None
+        if e.errno == errno.ELOOP:
+            raise ValueError(
+                f"disk tier: {path / 'LOCK'} is a symlink, which is refused, never followed: "
+                "remove it or choose another path") from None
+        raise ValueError(  # a read-only file system, no permission, no space...
+            f"disk tier: cannot create {path / 'LOCK'} ({e.strerror}); give a directory "
+            "this process can write") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"disk tier: {path / 'LOCK'} is not a regular file; remove it")
