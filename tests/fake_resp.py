@@ -28,8 +28,9 @@ Then = Literal["answer", "hang", "close", "reset"]
 
 @dataclass(frozen=True)
 class Hostile:
-    """Instead of answering a command of ``on``: send ``reply`` (``{port}`` and ``{slot}``
-    stand for the server's port and the command's key's slot), then ``trickle`` one byte
+    """Instead of answering a command of ``on``: send ``reply`` (``{port}``, ``{slot}`` and
+    ``{args}`` stand for the server's port, the command's key's slot and its arguments, a
+    password among them), then ``trickle`` one byte
     every ``every_s``, then: ``answer`` (read the next command), ``hang`` (hold the
     connection, silent), ``close`` or ``reset`` (RST) it."""
 
@@ -138,6 +139,7 @@ class _Handler(socketserver.StreamRequestHandler):
         """Answer ``command`` as ``hostile`` says; whether to go on reading commands."""
         slot = key_slot(command[1]) if len(command) > 1 else 0
         reply = hostile.reply.replace(b"{port}", b"%d" % fake.port)
+        reply = reply.replace(b"{args}", b" ".join(command[1:])[:200])
         try:
             self.wfile.write(reply.replace(b"{slot}", b"%d" % slot))
             for byte in hostile.trickle:

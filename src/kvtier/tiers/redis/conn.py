@@ -126,9 +126,12 @@ class Nodes:
     def __init__(
         self, open_link: Callable[[], Link], backoff: Backoff, clock: Callable[[], float],
         stats: TierStats, where: str, timeout_s: float,
+        hide: Callable[[str], str] = str,
     ) -> None:
         self._open, self.stats, self.where = open_link, stats, where
         self.timeout_s = timeout_s
+        self.hide = hide
+        """Makes text a server chose printable: the tier's secrets in it hidden."""
         self.health = Health(backoff, clock)
         self.last_error: str | None = None
         """Why the last failed call or refused reply failed (one line, no secret)."""
@@ -223,7 +226,7 @@ class Nodes:
         failures, delay = self.health.fail(node)
         at = {ServerLink.node: "", CONNECT: " (finding the cluster from its start-up nodes)"
               }.get(node, f" (node {node})")
-        self.last_error = describe(error) + at
+        self.last_error = self.hide(describe(error) + at)
         self.stats.add(errors=1)
         if failures == 1:
             _log.warning("redis tier %s: %s; leaving it alone %.3g s", self.where,

@@ -114,6 +114,7 @@ class ClusterLink:
                 **redis.cluster.cleanup_kwargs(**settings),
             )  # its node clients never retry a call themselves
         self._timeout_s = float(options["socket_timeout"])
+        self._startup = startup
         self._lock = threading.Lock()
         self._jobs = Workers("redis-nodes", 16)
         self._refreshing: Future[None] | None = None
@@ -171,11 +172,16 @@ class ClusterLink:
     def _refresh(self) -> None:
         redis = redis_module()
         try:
+            # the start-up nodes stay among those asked: redis-py replaces them with the
+            # nodes of the last slot map, which a hostile or broken node may have filled
+            # with addresses that never answer
+            self._nodes.startup_nodes.update({n.name: n for n in self._startup})
             with call_deadline(time.monotonic() + self._timeout_s), parsed():
                 self._nodes.initialize()
         except (redis.RedisError, redis.exceptions.RedisClusterException, OSError,
                 UnusableReply) as e:
-            _log.debug("redis cluster: slot map not refreshed: %s", e)  # kept as it was
+            # kept as it was; the error's text, which a server may choose, is not printed
+            _log.debug("redis cluster: slot map not refreshed (%s)", type(e).__name__)
 
     def run(self, jobs: Sequence[Callable[[], None]]) -> None:
         if len(jobs) == 1:

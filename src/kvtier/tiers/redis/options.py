@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
-from urllib.parse import parse_qsl, unquote_plus, urlsplit
+from collections.abc import Callable, Sequence
+from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
 
 from kvtier.tiers.records.seal import read_secret_file
 
@@ -120,6 +120,29 @@ def _secret_name(name: str) -> bool:
     """Whether an option called ``name`` holds a secret (``PASSWORD``, ``pass%77ord``...)."""
     plain = unquote_plus(name).lower()
     return any(word in plain for word in _SECRET_WORDS)
+
+
+def secrets_of(urls: Sequence[str], password: str | None) -> tuple[str, ...]:
+    """Every secret a tier given ``urls`` and ``password`` sends a server: the password
+    apart, each URL's user-part password and secret options, as written and decoded. What
+    a server says back may quote them (``hide``)."""
+    found = {password} if password else set()
+    for url in urls:
+        for start, end in _merged([*_login_spans(url), *_option_spans(url)]):
+            found |= {url[start:end], unquote(url[start:end])}
+    return tuple(sorted((s for s in found if s), key=len, reverse=True))
+
+
+def hide(text: str, secrets: Sequence[str]) -> str:
+    """``text`` (what a server said, a message quoting it) with each of ``secrets`` shown as
+    ``***``, and any URL in it redacted.
+
+    >>> hide("ERR AUTH default Hunter2 refused", ("Hunter2",))
+    'ERR AUTH default *** refused'
+    """
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return redact(text)
 
 
 def check_url(url: object, where: str, *, username: bool = False, password: bool = False) -> str:

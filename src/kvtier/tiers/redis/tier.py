@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeGuard
 
 from kvtier.keys import ChunkKey
@@ -53,7 +54,9 @@ from kvtier.tiers.redis.options import (
     check_cluster_namespace,
     check_cluster_nodes,
     check_url,
+    hide,
     redact,
+    secrets_of,
 )
 
 __all__ = ["Backoff", "RedisTier"]
@@ -77,7 +80,7 @@ class RedisTier(AsyncTwins):
     ) -> None:
         _check(namespace, timeout_s, ttl_s)
         login = {"username": username, "password": password}
-        opened, self.url = _address(url, cluster_nodes, login, timeout_s)
+        opened, self.url, secrets = _address(url, cluster_nodes, login, timeout_s)
         if cluster_nodes is not None:
             check_cluster_namespace(namespace, "redis tier: namespace")
         """The server's URL, or ``cluster <node>, <node>, ...``, as printed: any password
@@ -89,7 +92,8 @@ class RedisTier(AsyncTwins):
         self.backoff = backoff or Backoff()
         self.stats = TierStats(self.name)
         self._workers = Workers(self.name, workers)
-        self._nodes = Nodes(opened, self.backoff, clock, self.stats, self.url, timeout_s)
+        self._nodes = Nodes(opened, self.backoff, clock, self.stats, self.url, timeout_s,
+                            partial(hide, secrets=secrets))
 
     # ---- health ------------------------------------------------------------------------
 
@@ -110,7 +114,7 @@ class RedisTier(AsyncTwins):
     def _refused(self, errors: Sequence[Exception]) -> None:
         """Count a call some of whose replies the server refused (no backoff: it answers)."""
         if errors:
-            self._nodes.last_error = (
+            self._nodes.last_error = self._nodes.hide(
                 f"the server refused {len(errors)} of the call's keys: {errors[0]}")
             self.stats.add(errors=1)
 
@@ -225,19 +229,21 @@ class RedisTier(AsyncTwins):
 def _address(
     url: str | None, cluster_nodes: Sequence[str] | None, login: dict[str, str | None],
     timeout_s: float,
-) -> tuple[Callable[[], Link], str]:
-    """How to open the tier's link (one server or a cluster), and its printable address;
-    ``ValueError`` for a bad URL or node, or for both given."""
+) -> tuple[Callable[[], Link], str, tuple[str, ...]]:
+    """How to open the tier's link (one server or a cluster), its printable address, and
+    the secrets it sends; ``ValueError`` for a bad URL or node, or for both given."""
     where = {"username": login["username"] is not None, "password": login["password"] is not None}
     options = {**login, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
                "socket_read_size": READ_SIZE, "redis_connect_func": bound_connection}
     if cluster_nodes is None:
         url = check_url(DEFAULT_URL if url is None else url, "redis tier: url", **where)
-        return (lambda: ServerLink(url, options)), redact(url)
+        secrets = secrets_of([url], login["password"])
+        return (lambda: ServerLink(url, options)), redact(url), secrets
     if url is not None:
         raise ValueError("redis tier: give url (one server) or cluster_nodes, not both")
     urls = check_cluster_nodes(cluster_nodes, "redis tier: cluster_nodes", **where)
-    return (lambda: ClusterLink(urls, options)), "cluster " + ", ".join(map(redact, urls))
+    return ((lambda: ClusterLink(urls, options)), "cluster " + ", ".join(map(redact, urls)),
+            secrets_of(urls, login["password"]))
 
 
 def _none_reached(replies: Sequence[Reply]) -> bool:
