@@ -78,8 +78,9 @@ crc32, CRC32_BY = _crc32_function()
 
 
 def geometry_of(layout: Layout) -> bytes:
-    """An 8-byte fingerprint of ``layout``'s model, KV dtype and groups: records written for
-    another model, dtype or geometry are misses, whatever namespace their keys came from.
+    """An 8-byte hash of ``layout.fingerprint`` (model, KV dtype, groups: what the keys
+    hash too): records written for another model, dtype or geometry are misses, whatever
+    namespace their keys came from.
 
     >>> from kvtier.layout import Group, Layout
     >>> a = Layout((Group("full", 16, bytes_per_token=64),), kv_dtype="fp8_e4m3")
@@ -88,7 +89,7 @@ def geometry_of(layout: Layout) -> bytes:
     >>> len(geometry_of(a)), geometry_of(a) == geometry_of(b), geometry_of(a) == geometry_of(c)
     (8, False, False)
     """
-    identity = repr((layout.model, layout.kv_dtype, layout.groups)).encode()
+    identity = repr(layout.fingerprint).encode()
     return hashlib.blake2b(identity, digest_size=GEOMETRY_BYTES).digest()
 
 
