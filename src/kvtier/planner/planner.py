@@ -304,14 +304,9 @@ class Planner:
     ) -> TransferJob | None:
         """The engine has computed ``horizon`` tokens of the request: the store job for the
         chunks that became storable (refused ones are retried on the next call)."""
-        check_computed(self.layout.groups, request_id, horizon, block_table)
         with self._lock:
             req = self._request(request_id)
-            if horizon > req.chain.num_tokens:
-                raise ValueError(
-                    f"horizon {horizon} is past the {req.chain.num_tokens} tokens known for "
-                    f"{request_id!r}; append_tokens first"
-                )
+            check_computed(self.layout.groups, req, horizon, block_table)
             self._plan_new_chunks(req, horizon)
             return self._store_pending(req, block_table)
 

@@ -109,14 +109,20 @@ def block_ids_at(
 
 
 def check_computed(
-    groups: Sequence[Group], request_id: str, horizon: object, table: Sequence[Sequence[object]]
+    groups: Sequence[Group], req: RequestState, horizon: object,
+    table: Sequence[Sequence[object]],
 ) -> None:
     """``ValueError`` for an ``on_computed`` that cannot be right: a horizon that is not a
-    count of tokens, or a block table without a row for each group, or a row too short to
-    hold the ``horizon`` tokens computed (freed blocks stay in it as None)."""
+    count of tokens or is past the tokens known, a block table without a row for each
+    group, or a row too short to hold the ``horizon`` tokens computed (freed blocks stay in
+    it as None)."""
+    request_id = req.request_id
     if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
         raise ValueError(f"on_computed({request_id!r}): horizon must be a token count >= 0, "
                          f"got {horizon!r:.40}")
+    if horizon > req.chain.num_tokens:
+        raise ValueError(f"horizon {horizon} is past the {req.chain.num_tokens} tokens known "
+                         f"for {request_id!r}; append_tokens first")
     if isinstance(table, (str, bytes)) or len(table) != len(groups):
         raise ValueError(f"on_computed({request_id!r}): the block table needs one row per "
                          f"group ({len(groups)}), got {len(table)}")
