@@ -10,8 +10,9 @@ key of chunk ``c`` of group ``g`` (``T`` tokens per chunk, lookahead ``d``) is
     group_tag(g) || H(spine[(c+1)*T/u - 1] || tokens[e : e+d])  when d > 0, e = (c+1)*T
 
 so one pass over the tokens serves every group, and a request costs O(tokens) however it
-grows. The group tag hashes the namespace with the group's geometry and the layout's model
-and KV dtype, so those separate keys even when a caller's namespace omits them. The digest
+grows. The group tag hashes the namespace with the group's index and the layout's
+fingerprint (model, KV dtype, every group's name, sizes, layers and shape), so those
+separate keys even when a caller's namespace omits them. The digest
 is sha256 (default; hardware-accelerated on current x86 and ARM CPUs) or blake2b: both are
 cryptographic, so a party that shares the cache cannot forge a key that collides with
 another prefix.
@@ -118,6 +119,12 @@ class Namespace:
     party shares."""
     layout_version: int = LAYOUT_VERSION
     """kvtier's layout version."""
+    layout_fields: Literal["all", "group"] = "all"
+    """What of the layout a group tag hashes: ``all`` (default), its whole fingerprint
+    (``Layout.fingerprint``), so two layouts whose chunks differ never share a key;
+    ``group``, only the group's own geometry with the model and KV dtype, as kvtier did
+    before: the trace replay keeps it so that its figures stay comparable with earlier
+    runs. Never share a tier between deployments under ``group``."""
 
     def __post_init__(self) -> None:
         _hasher(self.hash_name)
@@ -126,6 +133,9 @@ class Namespace:
                 raise ValueError(f"namespace: {name} must be a string")
         if not self.model:
             raise ValueError("namespace: model must name the model (e.g. its Hugging Face id)")
+        if self.layout_fields not in ("all", "group"):
+            raise ValueError(f"namespace: layout_fields must be 'all' or 'group', got "
+                             f"{self.layout_fields!r}")
 
     def seed(self) -> bytes:
         """The chain's starting digest: a hash of every field."""
@@ -136,23 +146,31 @@ class Namespace:
         return _hasher(self.hash_name)(_encode_fields(("kvtier-ns", *fields))).digest()
 
     def group_tag(self, layout: Layout, group_index: int) -> bytes:
-        """8 bytes naming one group's geometry within this namespace.
+        """8 bytes naming one group of one layout within this namespace.
 
-        The layout's own model and KV dtype are hashed in too, whatever this namespace
-        says: a caller who leaves the namespace at its defaults still never shares a key
-        between two models or two KV dtypes. ``extra_retained`` is left out on purpose: it
-        changes what the engine keeps, not the bytes of a chunk, so producers and consumers
-        with different ``E`` share chunks.
+        The whole layout's fingerprint (``Layout.fingerprint``: model, KV dtype, every
+        group's name, sizes, layers and shape) is hashed in, whatever this namespace says:
+        a caller who leaves the namespace at its defaults still never shares a key between
+        two layouts whose chunks differ, so two deployments never read, nor delete as
+        corrupt, each other's chunks. ``extra_retained`` is left out on purpose: it changes
+        what the engine keeps, not the bytes of a chunk, so producers and consumers with
+        different ``E`` share chunks.
         """
-        g = layout.groups[group_index]
-        geometry = (
-            layout.model, layout.kv_dtype,
+        if self.layout_fields == "all":
+            fields = (*layout.fingerprint, str(group_index))
+        else:
+            fields = _group_fields(layout, group_index)
+        digest = _hasher(self.hash_name)(_encode_fields(fields) + self.seed()).digest()
+        return digest[:TAG_SIZE]
+
+
+def _group_fields(layout: Layout, group_index: int) -> tuple[str, ...]:
+    """What ``layout_fields="group"`` hashes: the group's geometry, the model and KV dtype."""
+    g = layout.groups[group_index]
+    return (layout.model, layout.kv_dtype,
             str(group_index), g.kind, str(g.tokens_per_block), str(g.blocks_per_chunk),
             str(g.window), str(g.chunk), str(g.lookahead), str(g.bytes_per_token),
-            str(g.bytes_per_state),
-        )
-        digest = _hasher(self.hash_name)(_encode_fields(geometry) + self.seed()).digest()
-        return digest[:TAG_SIZE]
+            str(g.bytes_per_state))
 
 
 @functools.lru_cache(maxsize=1024)

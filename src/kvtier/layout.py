@@ -198,6 +198,29 @@ class Layout:
             return None
         return max(s for s in sizes if s is not None)
 
+    @functools.cached_property
+    def fingerprint(self) -> tuple[str, ...]:
+        """Every field that changes the bytes a chunk holds, or where they go: the model,
+        the KV dtype, and each group's name, kind, sizes, layers and attention shape, with
+        the number of groups. Keys hash it (``Namespace.group_tag``) and records carry it
+        (``geometry_of``), so two layouts that differ anywhere here never share a key, and
+        those that share a key accept each other's records. ``extra_retained`` and
+        ``hit_granularity`` are left out: they change what the engine keeps and where hits
+        may end, not a chunk's bytes.
+
+        >>> a = Layout((Group("sliding_window", 16, window=64, num_layers=32),))
+        >>> b = Layout((Group("sliding_window", 16, window=64, num_layers=32, extra_retained=3),))
+        >>> c = Layout((Group("sliding_window", 16, window=64, num_layers=40),))
+        >>> a.fingerprint == b.fingerprint, a.fingerprint == c.fingerprint
+        (True, False)
+        """
+        fields = [self.model, self.kv_dtype, str(len(self.groups))]
+        for g in self.groups:
+            fields += [g.name, g.kind, str(g.tokens_per_block), str(g.blocks_per_chunk),
+                       str(g.window), str(g.chunk), str(g.lookahead), g.draft_tail,
+                       str(g.bytes_per_token), str(g.bytes_per_state), str(g.num_layers)]
+        return tuple(fields)
+
     def with_groups(self, groups: tuple[Group, ...]) -> Layout:
         """A copy with other groups; the granularity is recomputed unless it was explicit."""
         explicit = self.hit_granularity != self._lcm

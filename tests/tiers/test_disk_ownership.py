@@ -87,7 +87,7 @@ def test_a_symlinked_lock_is_refused_and_nothing_is_created_elsewhere(tmp_path, 
         target.write_bytes(b"someone's file")
     (tmp_path / "disk").mkdir()
     (tmp_path / "disk" / "LOCK").symlink_to(target)
-    with pytest.raises(ValueError, match="LOCK cannot be opened as a plain file"):
+    with pytest.raises(ValueError, match="LOCK is a symlink, which is refused"):
         open_disk(tmp_path / "disk")
     assert target.exists() == target_exists
     assert not target_exists or target.read_bytes() == b"someone's file"
@@ -150,15 +150,21 @@ def test_an_evicted_chunk_whose_file_was_replaced_leaves_the_new_file_alone(tmp_
     assert sorted(os.listdir(tmp_path / "chunks")) == sorted(key(n).hex() for n in "abc")
 
 
-def test_own_leftovers_are_cleaned_and_a_torn_temporary_without_header_kept(tmp_path):
+def test_own_leftovers_are_cleaned_torn_headers_too_and_look_alikes_kept(tmp_path):
     chunks = tmp_path / "chunks"
     chunks.mkdir()
     record = a_record_of(tmp_path, "t")
     (chunks / f"{key('t').hex()}.tmp-7-1").write_bytes(record[: HEADER_BYTES + 10])
     (chunks / f"{key('d').hex()}.drop-7-2").write_bytes(a_record_of(tmp_path, "d"))
     (chunks / f"{key('u').hex()}.tmp-7-3").write_bytes(b"")  # killed before its header
+    (chunks / f"{key('v').hex()}.tmp-7-4").write_bytes(a_record_of(tmp_path, "v")[:36])
+    kept = {f"{key('w').hex()}.tmp-7-5": a_record_of(tmp_path, "x")[:36],  # another key's
+            f"{key('y').hex()}.tmp-7-6": b"KVTR?",  # not how a header goes on
+            f"{key('z').hex()}": b""}  # a chunk's name is never torn: a record or foreign
+    for name, data in kept.items():
+        (chunks / name).write_bytes(data)
     open_disk(tmp_path).close()
-    assert os.listdir(chunks) == [f"{key('u').hex()}.tmp-7-3"]
+    assert sorted(os.listdir(chunks)) == sorted(kept)
 
 
 def read_only_scenario(path: Path) -> dict[str, object]:
@@ -217,3 +223,28 @@ def test_a_read_only_directory_refuses_stores_and_raises_nothing():
         "put": [], "put_async": [], "found": ["b", "c"], "refused": 3,
         "files_after_reopen": 3, "served_after_reopen": ["a", "b", "c"],
     }, result
+
+
+def _open_unwritable(path: Path) -> str:
+    try:
+        open_disk(path).close()
+    except ValueError as e:
+        return str(e)
+    return "opened"
+
+
+def test_a_directory_the_process_cannot_write_says_so():
+    """What a read-only file system meets too (the same branch, its own strerror): the
+    message says the directory cannot be written, not that a symlink is refused."""
+    with tempfile.TemporaryDirectory() as base:
+        os.chmod(base, 0o777)
+        locked = Path(base) / "locked"
+        locked.mkdir(mode=0o555)
+        said = in_unprivileged_child(
+            lambda p: [_open_unwritable(p), _open_unwritable(p / "sub")], locked)
+    assert said == [
+        f"disk tier: cannot create {locked / 'LOCK'} (Permission denied); give a directory "
+        "this process can write",
+        f"disk tier: cannot create or open {locked / 'sub'} (Permission denied); give a "
+        "directory this process can write",
+    ], json.dumps(said)

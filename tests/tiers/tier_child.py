@@ -1,7 +1,8 @@
 """A second OS process for the tier tests (run as a script, not collected).
 
-    tier_child.py disk-stall <path>          store chunk "whole", then write the header and
-                                             half the payload of chunk "torn", print "ready"
+    tier_child.py disk-stall <path> [<n>]    store chunk "whole", then write the first <n>
+                                             bytes of chunk "torn"'s record (default: the
+                                             header and half the payload), print "ready"
                                              and block until killed
     tier_child.py redis-put <url> <names..>  store the named chunks, print "done"
     tier_child.py redis-get <url> <names..>  print the names found, as JSON
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tier_helpers import GEOMETRY, SLOT, items, key, payload
 
@@ -21,27 +22,33 @@ from kvtier.tiers.disk.tier import DiskTier, write_all
 from kvtier.tiers.redis.tier import RedisTier
 
 
-def stall_halfway(fd: int, buffers: Sequence[BytesLike]) -> None:
-    """Write the header and half the payload, tell the parent, then block forever."""
-    head, body = (memoryview(b).cast("B") for b in buffers)  # type: ignore[arg-type]
-    write_all(fd, [head, body[: body.nbytes // 2]])
-    os.fsync(fd)
-    print("ready", flush=True)
-    sys.stdin.read()  # the parent kills us while we wait here
+def stall_after(size: int | None) -> Callable[[int, Sequence[BytesLike]], None]:
+    """A writer that writes the first ``size`` bytes of the record (None: the header and
+    half the payload), tells the parent, then blocks until killed."""
+
+    def stall(fd: int, buffers: Sequence[BytesLike]) -> None:
+        head, body = (memoryview(b).cast("B") for b in buffers)  # type: ignore[arg-type]
+        whole = bytes(head) + bytes(body)
+        write_all(fd, [whole[: head.nbytes + body.nbytes // 2 if size is None else size]])
+        os.fsync(fd)
+        print("ready", flush=True)
+        sys.stdin.read()  # the parent kills us while we wait here
+
+    return stall
 
 
-def disk_stall(path: str) -> None:
+def disk_stall(path: str, size: int | None) -> None:
     tier = DiskTier(path, 64 * SLOT, SLOT, geometry=GEOMETRY)
     tier.put(items(["whole"]))
     tier.close()
-    stalling = DiskTier(path, 64 * SLOT, SLOT, geometry=GEOMETRY, writer=stall_halfway)
+    stalling = DiskTier(path, 64 * SLOT, SLOT, geometry=GEOMETRY, writer=stall_after(size))
     stalling.put([(key("torn"), payload("torn"))])
 
 
 def main(argv: list[str]) -> None:
     command, target, *names = argv
     if command == "disk-stall":
-        disk_stall(target)
+        disk_stall(target, int(names[0]) if names else None)
     elif command == "redis-put":
         RedisTier(target, geometry=GEOMETRY).put(items(names))
         print("done", flush=True)

@@ -37,7 +37,7 @@ from kvtier.layout import Layout
 from kvtier.planner.binding import BlockTable, ChunkBinder
 from kvtier.planner.jobs import JobBook
 from kvtier.planner.lookup import assess, candidate_hits, hit_chunks, hit_keys, ready_at
-from kvtier.planner.requests import PendingHit, RequestState
+from kvtier.planner.requests import PendingHit, RequestState, check_computed
 from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
     LoadResult,
@@ -268,11 +268,7 @@ class Planner:
         chunks that became storable (refused ones are retried on the next call)."""
         with self._lock:
             req = self._request(request_id)
-            if horizon > req.chain.num_tokens:
-                raise ValueError(
-                    f"horizon {horizon} is past the {req.chain.num_tokens} tokens known for "
-                    f"{request_id!r}; append_tokens first"
-                )
+            check_computed(self.layout.groups, req, horizon, block_table)
             self._plan_new_chunks(req, horizon)
             return self._store_pending(req, block_table)
 

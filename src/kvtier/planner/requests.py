@@ -87,13 +87,48 @@ def store_block_ids(
 
 
 def block_ids_at(
-    table: Sequence[Sequence[int | None]], gi: int, first: int, num: int
+    table: Sequence[Sequence[object]], gi: int, first: int, num: int
 ) -> tuple[int, ...] | None:
     """Engine block ids of group ``gi`` at block positions ``first .. first + num - 1``, or
-    None when the engine no longer holds one of them."""
+    None when the engine no longer holds one of them (None or a negative id there).
+    ``ValueError`` for an id that is not an integer. Typed as taking any objects, so that
+    the compiled build reaches the check (mypyc checks the types it is told)."""
     if gi >= len(table):
         raise ValueError(f"block table has {len(table)} groups; the layout has group {gi}")
-    ids = tuple(table[gi][first : first + num])
-    if len(ids) < num or None in ids or (ids and min(ids) < 0):  # type: ignore[operator,type-var]
+    ids: list[int] = []
+    for b in table[gi][first : first + num]:
+        if b is None:
+            return None
+        if isinstance(b, bool) or not hasattr(b, "__index__"):
+            raise ValueError(f"block table: group {gi} holds {b!r:.40} ({type(b).__name__}); "
+                             "a block id is an integer, or None for a block the engine freed")
+        ids.append(b.__index__())
+    if len(ids) < num or (ids and min(ids) < 0):
         return None
-    return ids  # type: ignore[return-value]
+    return tuple(ids)
+
+
+def check_computed(
+    groups: Sequence[Group], req: RequestState, horizon: object,
+    table: Sequence[Sequence[object]],
+) -> None:
+    """``ValueError`` for an ``on_computed`` that cannot be right: a horizon that is not a
+    count of tokens or is past the tokens known, a block table without a row for each
+    group, or a row too short to hold the ``horizon`` tokens computed (freed blocks stay in
+    it as None)."""
+    request_id = req.request_id
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+        raise ValueError(f"on_computed({request_id!r}): horizon must be a token count >= 0, "
+                         f"got {horizon!r:.40}")
+    if horizon > req.chain.num_tokens:
+        raise ValueError(f"horizon {horizon} is past the {req.chain.num_tokens} tokens known "
+                         f"for {request_id!r}; append_tokens first")
+    if isinstance(table, (str, bytes)) or len(table) != len(groups):
+        raise ValueError(f"on_computed({request_id!r}): the block table needs one row per "
+                         f"group ({len(groups)}), got {len(table)}")
+    for gi, g in enumerate(groups):
+        need = -(-horizon // g.tokens_per_block)
+        if len(table[gi]) < need:
+            raise ValueError(
+                f"on_computed({request_id!r}): group {gi}'s row has {len(table[gi])} blocks, "
+                f"{horizon} tokens fill {need}; keep freed blocks in it as None")

@@ -51,8 +51,11 @@ def token_stream(hash_ids: tuple[int, ...], block_tokens: int) -> npt.NDArray[np
 
 
 def replay_namespace(layout: Layout) -> Namespace:
-    """The namespace the replay's planner and its references share."""
-    return Namespace(layout.model, kv_dtype=layout.kv_dtype)
+    """The namespace the replay's planner and its references share. Its group tags hash
+    each group's own geometry only (``layout_fields="group"``), as before keys covered the
+    whole layout: a replay shares no tier with anyone, and its figures (which follow the
+    key bytes through hashing policies) stay comparable with earlier runs."""
+    return Namespace(layout.model, kv_dtype=layout.kv_dtype, layout_fields="group")
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,13 @@ the disk tier owns only what it can prove it wrote:
   later redirects nothing. Chunk files are opened with ``O_NOFOLLOW`` and must be regular
   files; new ones are created with ``O_EXCL``.
 * An entry of ``chunks/`` is the tier's own only if its name is one the tier writes
-  (``<key hex>``, ``<key hex>.tmp-<pid>-<n>``, ``<key hex>.drop-<pid>-<n>``) *and* it starts
-  with a kvtier record header (magic and header checksum intact) claiming that key. Anything
-  else (a user's file, a subdirectory, a symlink, a temporary torn before its header) is
-  *foreign*: never read as a chunk, never renamed, never deleted, only counted.
+  (``<key hex>``, ``<key hex>.tmp-<pid>-<n>``, ``<key hex>.drop-<pid>-<n>``) *and* it is a
+  regular file that starts with a kvtier record header (magic and header checksum intact)
+  claiming that key, or, for a temporary or a drop only, is shorter than a header and is
+  how one for that key begins as far as it goes (empty included: a write killed before its
+  header was whole; ``torn_header_of``). Anything else (a user's file, a subdirectory, a
+  symlink, a file of another name however like) is *foreign*: never read as a chunk, never
+  renamed, never deleted, only counted.
 
 >>> import tempfile
 >>> with tempfile.TemporaryDirectory() as d:
@@ -38,7 +41,7 @@ from pathlib import Path
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
 from kvtier.store.results import KEY_BYTES
-from kvtier.tiers.records.format import HEADER_BYTES, claimed_key
+from kvtier.tiers.records.format import HEADER_BYTES, claimed_key, torn_header_of
 
 Writer = Callable[[int, Sequence[BytesLike]], None]
 """Writes buffers, in order, to an open file descriptor (a seam for fault tests)."""
@@ -76,11 +79,13 @@ class ChunkDir:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        _check_path(path)
         try:
             path.mkdir(parents=True, exist_ok=True)
             top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
-            raise ValueError(f"disk tier: cannot open {path}: {e.strerror}") from None
+            raise ValueError(f"disk tier: cannot create or open {path} ({e.strerror}); give "
+                             "a directory this process can write") from None
         try:
             self._lock = _lock(path, top)
             self.fd = _open_chunks(path, top)
@@ -98,11 +103,22 @@ class ChunkDir:
                 st = e.stat(follow_symlinks=False)
                 match = _NAME.match(e.name)
                 key = None
-                if match and stat.S_ISREG(st.st_mode) and st.st_size >= HEADER_BYTES:
+                if match and stat.S_ISREG(st.st_mode):
                     named = ChunkKey(bytes.fromhex(match.group(1)))
-                    key = named if self.claims(e.name, named) else None
+                    aside = match.group(2) is not None
+                    key = named if self._ours(e.name, named, st.st_size, aside) else None
                 leftover = key is not None and match is not None and match.group(2) is not None
                 yield Entry(e.name, key, leftover, st.st_size, st.st_mtime_ns)
+
+    def _ours(self, name: str, key: ChunkKey, size: int, aside: bool) -> bool:
+        """Whether regular file ``name`` is the tier's (module docstring); ``aside``: a
+        temporary or a drop, which a kill may have left torn before its header."""
+        if size >= HEADER_BYTES:
+            return self.claims(name, key)
+        try:
+            return aside and torn_header_of(self.read(name, HEADER_BYTES), key)
+        except OSError:
+            return False
 
     def claims(self, name: str, key: ChunkKey) -> bool:
         """Whether file ``name`` starts with a kvtier record header for ``key``."""
@@ -190,16 +206,41 @@ class ChunkDir:
                 setattr(self, attr, -1)
 
 
+_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket", stat.S_IFREG: "a file"}
+
+
+def _check_path(path: Path) -> None:
+    """``ValueError`` for a path the tier must not fill: the file system's root (its
+    ``chunks/`` and ``LOCK`` would sit among the system's own), or anything but a
+    directory (``/dev/null``)."""
+    real = Path(os.path.realpath(path))
+    if real == real.parent:
+        raise ValueError(f"disk tier: {path} is the file system's root; give the tier a "
+                         "directory of its own (e.g. /var/cache/kvtier)")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # not there yet: created (or refused with its reason) next
+    if not stat.S_ISDIR(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a directory")
+        raise ValueError(f"disk tier: {path} is {kind}, not a directory; give a directory "
+                         "for the tier's files")
+
+
 def _lock(path: Path, top: int) -> int:
     """Open ``LOCK`` without following a symlink and take an exclusive ``flock`` on it."""
     try:
         fd = os.open("LOCK", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                      dir_fd=top)
     except OSError as e:
-        raise ValueError(
-            f"disk tier: {path / 'LOCK'} cannot be opened as a plain file ({e.strerror}); "
-            "a symlink there is refused: remove it or choose another path"
-        ) from None
+        if e.errno == errno.ELOOP:
+            raise ValueError(
+                f"disk tier: {path / 'LOCK'} is a symlink, which is refused, never followed: "
+                "remove it or choose another path") from None
+        raise ValueError(  # a read-only file system, no permission, no space...
+            f"disk tier: cannot create {path / 'LOCK'} ({e.strerror}); give a directory "
+            "this process can write") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"disk tier: {path / 'LOCK'} is not a regular file; remove it")

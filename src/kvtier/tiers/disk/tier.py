@@ -59,7 +59,7 @@ from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
-from kvtier.store.results import EventKind, StoreEvent, StoreHandle, StoreRefusal
+from kvtier.store.results import EventKind, StoreEvent, StoreHandle, StoreRefusal, checked_keys
 from kvtier.tiers.disk.directory import ChunkDir, Entry, NotOurs, Writer
 from kvtier.tiers.host import slots_for_capacity
 from kvtier.tiers.lower import AsyncTwins, Demote, IndexEvents, Item, TierStats, Workers
@@ -176,6 +176,7 @@ class DiskTier(AsyncTwins, IndexEvents):
         """Write ``items`` durably; the keys now held. A chunk that cannot be written (no
         room, disk full, I/O error) is refused and counted; nothing else changes."""
         start = time.perf_counter()
+        checked_keys([k for k, _ in items])  # a clear ValueError, as get's, not a TypeError
         sizes = {k: _nbytes(p) for k, p in items}
         if sizes and max(sizes.values()) > self.slot_bytes:
             raise ValueError(

@@ -78,8 +78,9 @@ crc32, CRC32_BY = _crc32_function()
 
 
 def geometry_of(layout: Layout) -> bytes:
-    """An 8-byte fingerprint of ``layout``'s model, KV dtype and groups: records written for
-    another model, dtype or geometry are misses, whatever namespace their keys came from.
+    """An 8-byte hash of ``layout.fingerprint`` (model, KV dtype, groups: what the keys
+    hash too): records written for another model, dtype or geometry are misses, whatever
+    namespace their keys came from.
 
     >>> from kvtier.layout import Group, Layout
     >>> a = Layout((Group("full", 16, bytes_per_token=64),), kv_dtype="fp8_e4m3")
@@ -88,7 +89,7 @@ def geometry_of(layout: Layout) -> bytes:
     >>> len(geometry_of(a)), geometry_of(a) == geometry_of(b), geometry_of(a) == geometry_of(c)
     (8, False, False)
     """
-    identity = repr((layout.model, layout.kv_dtype, layout.groups)).encode()
+    identity = repr(layout.fingerprint).encode()
     return hashlib.blake2b(identity, digest_size=GEOMETRY_BYTES).digest()
 
 
@@ -132,6 +133,24 @@ def claimed_key(header: BytesLike) -> ChunkKey | None:
     if magic != MAGIC or head_crc != crc32(view[: _HEAD.size]):
         return None
     return ChunkKey(rkey)
+
+
+def torn_header_of(start: bytes, key: ChunkKey) -> bool:
+    """Whether ``start``, shorter than a header, is how a header for ``key`` begins as far
+    as it goes (magic, version, key; the fields after the key cannot be told): a write
+    killed before its header was whole. Empty bytes qualify.
+
+    >>> k = ChunkKey(bytes(range(40)))
+    >>> head = b"".join(encode(k, b"geometry", b"payload"))[:36]
+    >>> other = ChunkKey(bytes(40))
+    >>> torn_header_of(head, k), torn_header_of(head, other), torn_header_of(b"KVTX", k)
+    (True, False, False)
+    """
+    if len(start) >= HEADER_BYTES:
+        return False
+    known = MAGIC + struct.pack("<H", VERSION)
+    return (start[:len(known)] == known[:len(start)]
+            and start[8:8 + KEY_BYTES] == key[:max(0, len(start) - 8)])
 
 
 def record_length(header: BytesLike) -> int:

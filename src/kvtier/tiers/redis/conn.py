@@ -1,27 +1,24 @@
-"""How the Redis tier reaches its chunks: one server or a Redis Cluster, one code path.
-
-A *link* says which node holds each name of a call (``route``) and hands out a redis-py
-client per node (``client``). ``ServerLink`` has one node that holds everything;
-``ClusterLink`` asks redis-py's ``NodesManager`` for the cluster's slot map (a name's hash
-slot, CRC16 mod 16384, decides its node) and follows it as it changes. Valkey speaks the
-same protocol, so both serve Valkey too.
+"""How the Redis tier calls its nodes, one server or a Redis Cluster alike (the links that
+reach them: ``kvtier.tiers.redis.links``).
 
 ``Nodes.call`` is the one path above the links, for every command of the tier:
 
 1. split the call's names by node; a node backing off is not contacted (its names are
    ``UNREACHED``, counted once in ``stats.skipped``);
 2. send one pipeline per node, all nodes at once on a cluster, so a call lasts as long
-   as its slowest node, and stalled nodes at most one socket timeout (``timeout_s``;
-   redis-py's own retries are off): writes from one thread per node (each checksums and
-   sends its megabytes), reads and other small commands from the calling thread, every
-   node's requests first, then the replies as they arrive (``kvtier.tiers.redis.each``);
+   as its slowest node, and no longer than its deadline, ``timeout_s`` from its start,
+   whatever the nodes do (``kvtier.tiers.redis.guard``; redis-py's own retries are off):
+   writes from one thread per node (each checksums and sends its megabytes), reads and
+   other small commands from the calling thread, every node's requests first, then the
+   replies as they arrive (``kvtier.tiers.redis.each``);
 3. follow ``MOVED`` (the slot moved for good: the slot map is updated) and ``ASK`` (the
-   slot is migrating: ``ASKING`` first) replies once, to the node they name;
-4. a node that fails (refused, timed out, wrong password) leaves its names ``UNREACHED``,
-   is counted in ``stats.errors`` and backs off alone (``Backoff``): the other nodes'
-   names are served, and on a cluster the slot map is refreshed in the background, in
-   case a replica took over. A reply refused for one name only stays in place, for the
-   tier to count against that name.
+   slot is migrating: ``ASKING`` first) replies once, to the node they name, if the
+   deadline has not passed (a redirection not followed is a refusal of its name);
+4. a node that fails (refused, timed out, wrong password, a reply that cannot be read)
+   leaves its names ``UNREACHED``, is counted in ``stats.errors`` and backs off alone
+   (``Backoff``): the other nodes' names are served, and on a cluster the slot map is
+   refreshed in the background, in case a replica took over. A reply refused for one
+   name only stays in place, for the tier to count against that name.
 
 >>> Backoff(initial_s=0.1, max_s=1.0).delay(1), Backoff(initial_s=0.1, max_s=1.0).delay(5)
 (0.1, 1.0)
@@ -31,18 +28,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
-from urllib.parse import urlsplit
+from typing import Any
 
 from kvtier.tiers.config import check_number
-from kvtier.tiers.lower import TierStats, Workers
+from kvtier.tiers.lower import TierStats
 from kvtier.tiers.redis.each import Each, Faults, Reply, run_each
+from kvtier.tiers.redis.guard import UnusableReply, call_deadline, remaining, run_within
+from kvtier.tiers.redis.links import Link, ServerLink, redis_module
 
 _log = logging.getLogger("kvtier.tiers.redis.tier")  # the tier's: its users filter by it
+
 
 class Unreached(Exception):
     """In place of the reply for a name whose node was not reached (down, backing off, no
@@ -58,17 +57,6 @@ redirection). Small commands are an ``Each`` instead (``kvtier.tiers.redis.each`
 
 CONNECT = "(connect)"
 """The health entry of the link itself: building it (a cluster's first topology) failed."""
-
-
-def redis_module() -> Any:
-    """redis-py, or an ImportError saying how to install it."""
-    try:
-        import redis
-    except ImportError:
-        raise ImportError(
-            "the Redis tier needs redis-py: pip install 'kvtier[redis]'"
-        ) from None
-    return redis
 
 
 @dataclass(frozen=True)
@@ -131,152 +119,6 @@ class Health:
             raise AssertionError(f"failure counts must be >= 1: {self._failures}")
 
 
-class Link(Protocol):
-    """One server or a cluster, as ``Nodes`` sees it (module docstring)."""
-
-    def route(self, names: Sequence[str]) -> dict[str, list[int]]:
-        """Node -> indexes of the ``names`` it holds (no I/O); a name in a slot no node
-        serves is left out."""
-        ...
-
-    def client(self, node: str) -> Any:
-        """The redis-py client of ``node``."""
-        ...
-
-    def redirected(self, error: Exception) -> str | None:
-        """The node a ``MOVED`` / ``ASK`` reply sends a name to (None: not followed)."""
-        ...
-
-    def failed(self, node: str) -> None:
-        """``node`` did not answer: the cluster may have changed."""
-        ...
-
-    def run(self, jobs: Sequence[Callable[[], None]]) -> None:
-        """Run ``jobs`` (one per node) and return when all have finished."""
-        ...
-
-    def close(self) -> None: ...
-
-
-def _no_retry(redis: Any) -> Any:
-    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
-
-
-class ServerLink:
-    """One server: one node, named ``"server"``, holds every name."""
-
-    node = "server"
-
-    def __init__(self, url: str, options: dict[str, Any]) -> None:
-        redis = redis_module()
-        self._client = redis.Redis.from_url(url, **options, retry=_no_retry(redis))
-
-    def route(self, names: Sequence[str]) -> dict[str, list[int]]:
-        return {self.node: list(range(len(names)))}
-
-    def client(self, node: str) -> Any:
-        return self._client
-
-    def redirected(self, error: Exception) -> str | None:
-        return None  # a server outside a cluster does not redirect
-
-    def failed(self, node: str) -> None:
-        """Nothing to learn: the next call reconnects."""
-
-    def run(self, jobs: Sequence[Callable[[], None]]) -> None:
-        for job in jobs:
-            job()
-
-    def close(self) -> None:
-        self._client.close()
-
-
-class ClusterLink:
-    """A Redis Cluster found from its start-up node URLs (``check_cluster_nodes``, so
-    they share one connection setup). Building it reads the slot map from the first
-    start-up node that answers (any one will do, so a dead master costs only its slots);
-    it fails only when none answers (``Nodes`` then backs off as for a failed node).
-
-    redis-py's ``NodesManager`` keeps the slot map and one client per node; its
-    ``RedisCluster`` is not used, because building one also asks the map's first master
-    for the server's command table and fails outright while that master is down."""
-
-    def __init__(self, urls: Sequence[str], options: dict[str, Any]) -> None:
-        redis = redis_module()
-        settings = {**options, **redis.connection.parse_url(urls[0])}
-        startup = [redis.cluster.ClusterNode(p.hostname, p.port)
-                   for p in map(urlsplit, urls)]
-        self._nodes = redis.cluster.NodesManager(
-            startup_nodes=startup, require_full_coverage=False,
-            **redis.cluster.cleanup_kwargs(**settings),
-        )  # its node clients never retry a call themselves
-        self._lock = threading.Lock()
-        self._jobs = Workers("redis-nodes", 16)
-        self._refreshing: Future[None] | None = None
-
-    def route(self, names: Sequence[str]) -> dict[str, list[int]]:
-        nodes, slot = self._nodes, redis_module().crc.key_slot
-        groups: dict[str, list[int]] = {}
-        for i, name in enumerate(names):
-            try:
-                node = nodes.get_node_from_slot(slot(name.encode()))
-            except redis_module().exceptions.SlotNotCoveredError:
-                continue
-            groups.setdefault(node.name, []).append(i)
-        return groups
-
-    def client(self, node: str) -> Any:
-        found = self._nodes.get_node(node_name=node)
-        if found is None:  # a node learnt from a redirection only
-            host, _, port = node.rpartition(":")
-            found = redis_module().cluster.ClusterNode(host, int(port))
-        if found.redis_connection is None:
-            with self._lock:
-                if found.redis_connection is None:
-                    self._nodes.create_redis_connections([found])
-        return found.redis_connection
-
-    def redirected(self, error: Exception) -> str | None:
-        redis = redis_module()
-        if isinstance(error, redis.exceptions.MovedError):
-            self._moved(error)
-        elif not isinstance(error, redis.exceptions.AskError):
-            return None
-        return f"{error.host}:{error.port}"
-
-    def _moved(self, error: Exception) -> None:
-        """Point the slot of a ``MOVED`` reply at its new node (redis-py >= 6 does it in
-        place; older ones re-read the whole slot map)."""
-        nodes = self._nodes
-        if hasattr(nodes, "move_slot"):
-            nodes.move_slot(error)
-        else:
-            self.failed("")
-
-    def failed(self, node: str) -> None:
-        """Re-read the slot map in the background (one refresh at a time)."""
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = self._jobs.submit(self._refresh)
-
-    def _refresh(self) -> None:
-        redis = redis_module()
-        try:
-            self._nodes.initialize()
-        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as e:
-            _log.debug("redis cluster: slot map not refreshed: %s", e)  # kept as it was
-
-    def run(self, jobs: Sequence[Callable[[], None]]) -> None:
-        if len(jobs) == 1:
-            jobs[0]()
-            return
-        for future in [self._jobs.submit(job) for job in jobs]:
-            future.result()
-
-    def close(self) -> None:
-        self._jobs.close()
-        self._nodes.reset()
-
-
 class Nodes:
     """The tier's nodes: its link (built on first use by ``open_link``), each node's
     health, and ``call`` (module docstring); ``where`` names the tier in log lines."""
@@ -284,9 +126,12 @@ class Nodes:
     def __init__(
         self, open_link: Callable[[], Link], backoff: Backoff, clock: Callable[[], float],
         stats: TierStats, where: str, timeout_s: float,
+        hide: Callable[[str], str] = str,
     ) -> None:
         self._open, self.stats, self.where = open_link, stats, where
         self.timeout_s = timeout_s
+        self.hide = hide
+        """Makes text a server chose printable: the tier's secrets in it hidden."""
         self.health = Health(backoff, clock)
         self.last_error: str | None = None
         """Why the last failed call or refused reply failed (one line, no secret)."""
@@ -304,13 +149,14 @@ class Nodes:
         """``command``'s reply for each of ``names``, ``UNREACHED`` where its node was not
         reached (module docstring)."""
         replies: list[Reply] = [UNREACHED] * len(names)
-        link = self._connect()
-        if link is not None:
-            groups = {(node, False): idx for node, idx in link.route(names).items()}
-            self._send(link, groups, command, replies)
-            redirects = self._redirects(link, replies)
-            if redirects:
-                self._send(link, redirects, command, replies)
+        with call_deadline(time.monotonic() + self.timeout_s):
+            link = self._connect()
+            if link is not None:
+                groups = {(node, False): idx for node, idx in link.route(names).items()}
+                self._send(link, groups, command, replies)
+                redirects = self._redirects(link, replies)
+                if redirects and remaining() > 0:  # else they stay refusals of their names
+                    self._send(link, redirects, command, replies)
         return replies
 
     def _connect(self) -> Link | None:
@@ -339,13 +185,14 @@ class Nodes:
             else:
                 self.stats.add(skipped=1)
         failed = partial(self._node_failed, link)
+        run = partial(run_within, link.run)  # the call's deadline goes with each job
         if isinstance(command, Each):
             faults = Faults(_faults(), redis_module().ResponseError)
-            run_each(command, up, link.client, link.run, faults, self.timeout_s,
+            run_each(command, up, link.client, run, faults, self.timeout_s,
                      self.health.ok, failed, replies)
             return
-        link.run([partial(self._one, link, node, asking, indexes, command, replies)
-                  for (node, asking), indexes in up.items()])
+        run([partial(self._one, link, node, asking, indexes, command, replies)
+             for (node, asking), indexes in up.items()])
 
     def _one(
         self, link: Link, node: str, asking: bool, indexes: list[int], command: Command,
@@ -379,7 +226,7 @@ class Nodes:
         failures, delay = self.health.fail(node)
         at = {ServerLink.node: "", CONNECT: " (finding the cluster from its start-up nodes)"
               }.get(node, f" (node {node})")
-        self.last_error = describe(error) + at
+        self.last_error = self.hide(describe(error) + at)
         self.stats.add(errors=1)
         if failures == 1:
             _log.warning("redis tier %s: %s; leaving it alone %.3g s", self.where,
@@ -393,10 +240,10 @@ class Nodes:
 
 
 def _faults() -> tuple[type[BaseException], ...]:
-    """What a failed call raises: redis-py's errors, a cluster that cannot be found, and
-    socket errors."""
+    """What a failed call raises: redis-py's errors, a cluster that cannot be found, socket
+    errors, and a reply that cannot be read (``kvtier.tiers.redis.guard``)."""
     redis = redis_module()
-    return redis.RedisError, redis.exceptions.RedisClusterException, OSError
+    return redis.RedisError, redis.exceptions.RedisClusterException, OSError, UnusableReply
 
 
 def describe(error: BaseException) -> str:
@@ -410,4 +257,6 @@ def describe(error: BaseException) -> str:
         return f"authentication failed (wrong or missing username or password): {error}"
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return f"the server does not answer ({error})"
+    if isinstance(error, UnusableReply):
+        return str(error)
     return f"the server refused the call ({error})"

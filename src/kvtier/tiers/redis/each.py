@@ -13,8 +13,10 @@ the whole call, however many of them stall:
    connection may have to be made, and a stalled node's handshake times out alone);
 2. write each node's commands (``ASKING`` before each for an ``ASK`` redirection);
 3. read whichever node's socket has data first, all of that node's replies, until every
-   node has answered or ``timeout_s`` has passed since the last request went out; a node
-   still silent then has failed, as has one whose connection breaks.
+   node has answered or the call's deadline (``timeout_s`` from its start,
+   ``kvtier.tiers.redis.guard``) has passed; a node still silent then has failed, as has
+   one whose connection breaks, that trickles past the deadline, or whose reply cannot be
+   read.
 
 A failed node's connection is closed, so no reply left unread is ever taken for another
 command's; a reply refused for one name (``WRONGTYPE``, ``MOVED``, ``ASK``) stays in place.
@@ -22,12 +24,16 @@ command's; a reply refused for one name (``WRONGTYPE``, ``MOVED``, ``ASK``) stay
 
 from __future__ import annotations
 
+import functools
+import inspect
 import selectors
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
+
+from kvtier.tiers.redis.guard import parsed, remaining
 
 Reply = bytes | int | None | Exception
 """One command's reply for one name: a value, None (no such key), or an error."""
@@ -112,9 +118,10 @@ def _connect(
 
 
 def _receive(shares: list[_Share], faults: Faults, timeout_s: float, failed: Failed) -> None:
-    """Read every share's replies as its socket becomes readable, for ``timeout_s`` at most
-    from now (one node's replies, once started, are read to the end)."""
-    deadline = time.monotonic() + timeout_s
+    """Read every share's replies as its socket becomes readable, until the call's deadline
+    (``timeout_s``: for the message) at most; one node's replies, once started, are read to
+    the end or to the deadline, whichever comes first."""
+    deadline = time.monotonic() + min(timeout_s, remaining())
     waiting: dict[int, _Share] = {}
     with selectors.DefaultSelector() as sel:
         for share in shares:
@@ -147,11 +154,13 @@ def _read_all(share: _Share, faults: Faults, failed: Failed) -> None:
 
 def next_reply(conn: Any, refused: type[Exception], asking: bool = False) -> Reply:
     """The next command's reply on ``conn`` (after its ``ASKING``'s, if ``asking``); a
-    reply ``refused`` for its name (``ResponseError``) is returned in its place."""
+    reply ``refused`` for its name (``ResponseError``) is returned in its place; one that
+    cannot be read raises ``UnusableReply`` (the caller closes the connection)."""
     try:
-        if asking:
-            conn.read_response()
-        return conn.read_response()
+        with parsed():
+            if asking:
+                conn.read_response()
+            return conn.read_response()
     except refused as e:
         return e
 
@@ -166,8 +175,18 @@ def _close(share: _Share, failed: Failed, error: BaseException) -> None:
 
 
 def checkout(pool: Any) -> Any:
-    """A connection of ``pool``, handed back with ``pool.release``."""
-    try:
+    """A connection of ``pool``, handed back with ``pool.release`` (connected and logged in:
+    a login reply that cannot be read raises ``UnusableReply``)."""
+    with parsed():
+        if _wants_a_command_name(type(pool).get_connection):  # redis-py before 5.3
+            return pool.get_connection("SET")
         return pool.get_connection()
-    except TypeError:  # redis-py before 5.3 wants a command name
-        return pool.get_connection("SET")
+
+
+@functools.cache
+def _wants_a_command_name(get_connection: Callable[..., Any]) -> bool:
+    """Whether a pool's ``get_connection`` takes a command name it cannot do without."""
+    _, *parameters = inspect.signature(get_connection).parameters.values()
+    return bool(parameters) and parameters[0].default is inspect.Parameter.empty and (
+        parameters[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                               inspect.Parameter.POSITIONAL_OR_KEYWORD))

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
-from urllib.parse import parse_qsl, unquote_plus, urlsplit
+from collections.abc import Callable, Sequence
+from urllib.parse import parse_qsl, unquote, unquote_plus, urlsplit
 
 from kvtier.tiers.records.seal import read_secret_file
 
@@ -47,35 +47,102 @@ _TLS_QUERY: dict[str, tuple[str, ...] | None] = {
     "ssl_check_hostname": _TRUTH,
 }
 """Query options of ``rediss://`` only: redis-py's ``SSLConnection`` parameters."""
-_SECRET_QUERY = ("password", "ssl_password")
+_SECRET_WORDS = ("pass", "pwd", "token", "secret", "auth")
+"""An option whose name (any case, percent-decoded) holds one of these is a secret."""
 _Fault = Callable[[str], ValueError]
 """Makes the ValueError of a bad URL from what is wrong with it."""
-_USERINFO = re.compile(r"^(?P<scheme>(?:[^:/?#]*://)?)(?P<info>[^?#]*)@")
-"""Everything before the last ``@`` ahead of the query: a malformed URL's too, or one
-without a scheme, so that a password never shows, whatever surrounds it."""
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+"""Where a URL starts: the text from one to the next is that URL's (in a node list too)."""
+_OPTION_NAME = re.compile(r"(?<=[?&#;])(?P<name>[^?&#;=\s'\"]*)=")
+"""An option's ``name=``, in the query or (malformed) the fragment."""
+_VALUE_END = re.compile(r"[&;\s'\",\]]|$")
+"""Where a secret option's value ends: not at ``?``, ``#`` or ``@``, which may be in it."""
 _DIGITS = re.compile(r"[0-9]+")
 """A database number as redis-py reads it (``str.isdigit`` would take ``"²"``)."""
-_OPTION = re.compile(r"(?P<lead>[?&#;])(?P<name>[^?&#;=]*)=(?P<value>[^?&#;]*)")
-"""A ``name=value`` option, in the query or (malformed) the fragment."""
 
 
-def redact(url: str) -> str:
-    """``url`` with its password (in the user part or the query) shown as ``***``; safe on
-    malformed URLs too, so error messages can print it.
+def redact(text: str) -> str:
+    """``text`` (a URL, a node list, a message quoting either) with every password shown as
+    ``***``: the user part after its first ``:`` (up to the last ``@`` of its URL, whatever
+    lies between) and the value of every option named like a secret (password, pass, pwd,
+    token, secret, auth; any case); safe on malformed URLs, so error messages can print it.
+    Where the two overlap, more is hidden, never less.
 
     >>> redact("unix://:pw@/run/redis.sock?db=1"), redact("redis://cache:6379/0")
     ('unix://:***@/run/redis.sock?db=1', 'redis://cache:6379/0')
+    >>> redact("['redis://:a#b@h:1', 'redis://h:2/0?PassWord=c?d']")
+    "['redis://:***@h:1', 'redis://h:2/0?PassWord=***']"
     """
-    m = _USERINFO.match(url)
-    if m is not None:
-        user, colon, _ = m.group("info").partition(":")
-        url = f"{m.group('scheme')}{user}{colon and ':***'}@{url[m.end():]}"
-    return _OPTION.sub(_redact_option, url)
+    out, shown = [], 0
+    for start, end in _merged([*_login_spans(text), *_option_spans(text)]):
+        out += [text[shown:start], "***"]
+        shown = end
+    return "".join(out) + text[shown:]
 
 
-def _redact_option(m: re.Match[str]) -> str:
-    hidden = unquote_plus(m.group("name")) in _SECRET_QUERY
-    return f"{m.group('lead')}{m.group('name')}=***" if hidden else m.group(0)
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` in order, those that overlap or touch made one."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _login_spans(text: str) -> list[tuple[int, int]]:
+    """The password of each URL's user part: after its first ``:``, to the URL's last
+    ``@`` (a URL runs to the next one's scheme; text with no scheme is one URL)."""
+    schemes = list(_SCHEME.finditer(text))
+    starts = [0, *(m.end() for m in schemes)]  # the text before the first URL, then each
+    ends = [*(m.start() for m in schemes), len(text)]
+    spans = []
+    for start, end in zip(starts, ends, strict=True):
+        at = text.rfind("@", start, end)
+        colon = text.find(":", start, at)
+        if at >= 0 and colon >= 0:
+            spans.append((colon + 1, at))
+    return spans
+
+
+def _option_spans(text: str) -> list[tuple[int, int]]:
+    """The value of every option named like a secret."""
+    spans = []
+    for m in _OPTION_NAME.finditer(text):
+        if _secret_name(m.group("name")):
+            end = _VALUE_END.search(text, m.end())
+            spans.append((m.end(), end.start() if end else len(text)))
+    return spans
+
+
+def _secret_name(name: str) -> bool:
+    """Whether an option called ``name`` holds a secret (``PASSWORD``, ``pass%77ord``...)."""
+    plain = unquote_plus(name).lower()
+    return any(word in plain for word in _SECRET_WORDS)
+
+
+def secrets_of(urls: Sequence[str], password: str | None) -> tuple[str, ...]:
+    """Every secret a tier given ``urls`` and ``password`` sends a server: the password
+    apart, each URL's user-part password and secret options, as written and decoded. What
+    a server says back may quote them (``hide``)."""
+    found = {password} if password else set()
+    for url in urls:
+        for start, end in _merged([*_login_spans(url), *_option_spans(url)]):
+            found |= {url[start:end], unquote(url[start:end])}
+    return tuple(sorted((s for s in found if s), key=len, reverse=True))
+
+
+def hide(text: str, secrets: Sequence[str]) -> str:
+    """``text`` (what a server said, a message quoting it) with each of ``secrets`` shown as
+    ``***``, and any URL in it redacted.
+
+    >>> hide("ERR AUTH default Hunter2 refused", ("Hunter2",))
+    'ERR AUTH default *** refused'
+    """
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return redact(text)
 
 
 def check_url(url: object, where: str, *, username: bool = False, password: bool = False) -> str:
@@ -88,6 +155,7 @@ def check_url(url: object, where: str, *, username: bool = False, password: bool
     def bad(what: str) -> ValueError:
         return ValueError(f"{where}: {what}, got {redact(url)!r}")
 
+    _check_login(url, bad)
     try:
         parts = urlsplit(url)
     except ValueError as e:  # an unclosed [ of an IPv6 address
@@ -106,11 +174,25 @@ def check_url(url: object, where: str, *, username: bool = False, password: bool
             raise bad("give the socket's path after three slashes: unix:///path/to/redis.sock")
     else:
         _check_address(parts.hostname, port, parts.path, "db" in options, bad)
+    if parts.password is not None and "password" in options:
+        raise bad("the password is given twice (in the user part and ?password=): keep one")
     if password and (parts.password is not None or "password" in options):
         raise bad("the password is given twice (in the URL and apart): keep one")
     if username and (parts.username or "username" in options):
         raise bad("the username is given twice (in the URL and apart): keep one")
     return url
+
+
+def _check_login(url: str, bad: _Fault) -> None:
+    """A login (``user:password@``) that a ``/``, ``?`` or ``#`` would cut short: URL
+    parsers end it there, and the rest of the password would be read as a path, query or
+    fragment."""
+    start = url.find("://") + 3 if "://" in url else 0
+    at = url.rfind("@")
+    if at > start and any(c in url[start:at] for c in "/?#"):
+        raise bad("the login (before '@') holds '/', '?' or '#', which URL parsers end it "
+                  "at: percent-encode them in a password (%2F, %3F, %23), and an '@' "
+                  "elsewhere (%40)")
 
 
 def check_cluster_nodes(
@@ -205,7 +287,8 @@ def _query(query: str, scheme: str, bad: _Fault) -> dict[str, str]:
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name not in known:
             tls = " (TLS options need rediss://)" if name in _TLS_QUERY else ""
-            raise bad(f"unknown URL option {name!r}{tls}; known: {sorted(known)}")
+            case = " (names are lower case)" if name.lower() in known else ""
+            raise bad(f"unknown URL option {name!r}{tls}{case}; known: {sorted(known)}")
         choices = known[name]
         if name in options:
             raise bad(f"URL option {name!r} is given twice")

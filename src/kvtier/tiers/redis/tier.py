@@ -5,7 +5,7 @@ Every kvtier process pointed at one server or cluster (and one ``namespace``) sh
 chunks: the value of ``<namespace>:<key hex>`` is the chunk's record
 (``kvtier.tiers.records.format``), verified on every read exactly like the disk tier's files.
 Reads and writes are batched: one pipelined round trip per node per call. One server and a
-cluster take the same path (``kvtier.tiers.redis.conn``): a batch is split by node, the
+cluster take the same path (``kvtier.tiers.redis.conn``, ``.links``): a batch is split by node, the
 nodes are asked at once, ``MOVED`` and ``ASK`` are followed.
 
 Faults never propagate. Every socket operation is bounded by ``timeout_s``; redis-py's own
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeGuard
 
 from kvtier.keys import ChunkKey
@@ -42,17 +43,10 @@ from kvtier.tiers.config import check_number
 from kvtier.tiers.lower import AsyncTwins, Demote, Item, TierStats, Workers
 from kvtier.tiers.records.format import RecordError, decode, encode_pair
 from kvtier.tiers.records.seal import Seal
-from kvtier.tiers.redis.conn import (
-    Backoff,
-    ClusterLink,
-    Link,
-    Nodes,
-    Reply,
-    ServerLink,
-    Unreached,
-    redis_module,
-)
+from kvtier.tiers.redis.conn import Backoff, Nodes, Reply, Unreached
 from kvtier.tiers.redis.each import Each, checkout, next_reply
+from kvtier.tiers.redis.guard import UnusableReply, bound_connection
+from kvtier.tiers.redis.links import ClusterLink, Link, ServerLink, redis_module
 from kvtier.tiers.redis.options import (
     DEFAULT_URL,
     MAX_TIMEOUT_S,
@@ -60,7 +54,9 @@ from kvtier.tiers.redis.options import (
     check_cluster_namespace,
     check_cluster_nodes,
     check_url,
+    hide,
     redact,
+    secrets_of,
 )
 
 __all__ = ["Backoff", "RedisTier"]
@@ -84,7 +80,7 @@ class RedisTier(AsyncTwins):
     ) -> None:
         _check(namespace, timeout_s, ttl_s)
         login = {"username": username, "password": password}
-        opened, self.url = _address(url, cluster_nodes, login, timeout_s)
+        opened, self.url, secrets = _address(url, cluster_nodes, login, timeout_s)
         if cluster_nodes is not None:
             check_cluster_namespace(namespace, "redis tier: namespace")
         """The server's URL, or ``cluster <node>, <node>, ...``, as printed: any password
@@ -96,7 +92,8 @@ class RedisTier(AsyncTwins):
         self.backoff = backoff or Backoff()
         self.stats = TierStats(self.name)
         self._workers = Workers(self.name, workers)
-        self._nodes = Nodes(opened, self.backoff, clock, self.stats, self.url, timeout_s)
+        self._nodes = Nodes(opened, self.backoff, clock, self.stats, self.url, timeout_s,
+                            partial(hide, secrets=secrets))
 
     # ---- health ------------------------------------------------------------------------
 
@@ -117,7 +114,7 @@ class RedisTier(AsyncTwins):
     def _refused(self, errors: Sequence[Exception]) -> None:
         """Count a call some of whose replies the server refused (no backoff: it answers)."""
         if errors:
-            self._nodes.last_error = (
+            self._nodes.last_error = self._nodes.hide(
                 f"the server refused {len(errors)} of the call's keys: {errors[0]}")
             self.stats.add(errors=1)
 
@@ -133,7 +130,7 @@ class RedisTier(AsyncTwins):
             return {}
         start = time.perf_counter()
         names = [self._name(k) for k in keys]
-        values = self._nodes.call(names, Each("GET", names))
+        values = _as("GET", (bytes, type(None)), self._nodes.call(names, Each("GET", names)))
         if _none_reached(values):
             self.stats.add(misses=len(keys))
             return {}
@@ -155,8 +152,9 @@ class RedisTier(AsyncTwins):
         if not keys:
             return []
         names = [self._name(k) for k in keys]
-        return [n is True or (isinstance(n, int) and n > 0)
-                for n in self._nodes.call(names, Each("EXISTS", names))]
+        replies = _as("EXISTS", (int,), self._nodes.call(names, Each("EXISTS", names)))
+        self._refused([r for r in replies if _refusal(r)])
+        return [isinstance(n, int) and n > 0 for n in replies]
 
     def _verify(
         self, keys: Sequence[ChunkKey], values: list[Reply]
@@ -231,19 +229,21 @@ class RedisTier(AsyncTwins):
 def _address(
     url: str | None, cluster_nodes: Sequence[str] | None, login: dict[str, str | None],
     timeout_s: float,
-) -> tuple[Callable[[], Link], str]:
-    """How to open the tier's link (one server or a cluster), and its printable address;
-    ``ValueError`` for a bad URL or node, or for both given."""
+) -> tuple[Callable[[], Link], str, tuple[str, ...]]:
+    """How to open the tier's link (one server or a cluster), its printable address, and
+    the secrets it sends; ``ValueError`` for a bad URL or node, or for both given."""
     where = {"username": login["username"] is not None, "password": login["password"] is not None}
     options = {**login, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
-               "socket_read_size": READ_SIZE}
+               "socket_read_size": READ_SIZE, "redis_connect_func": bound_connection}
     if cluster_nodes is None:
         url = check_url(DEFAULT_URL if url is None else url, "redis tier: url", **where)
-        return (lambda: ServerLink(url, options)), redact(url)
+        secrets = secrets_of([url], login["password"])
+        return (lambda: ServerLink(url, options)), redact(url), secrets
     if url is not None:
         raise ValueError("redis tier: give url (one server) or cluster_nodes, not both")
     urls = check_cluster_nodes(cluster_nodes, "redis tier: cluster_nodes", **where)
-    return (lambda: ClusterLink(urls, options)), "cluster " + ", ".join(map(redact, urls))
+    return ((lambda: ClusterLink(urls, options)), "cluster " + ", ".join(map(redact, urls)),
+            secrets_of(urls, login["password"]))
 
 
 def _none_reached(replies: Sequence[Reply]) -> bool:
@@ -291,8 +291,7 @@ def _set_many(
         ask = [_ASKING] if asking else []
         conn.send_packed_command([b for r in records for b in (*ask, *_set_command(*r, ttl_s))])
         refused = redis_module().ResponseError
-        replies = [next_reply(conn, refused, asking) for _ in records]
-        return [r if isinstance(r, Exception) else None for r in replies]
+        return [_written(next_reply(conn, refused, asking)) for _ in records]
     except BaseException:
         conn.disconnect()
         raise
@@ -301,6 +300,25 @@ def _set_many(
 
 
 _ASKING = b"*1\r\n$6\r\nASKING\r\n"
+
+
+def _written(reply: Reply) -> Exception | None:
+    """None for a SET the server did (``OK``), else why not: its refusal, or a reply that
+    is no answer to a SET."""
+    if isinstance(reply, Exception):
+        return reply
+    return None if reply in (b"OK", "OK") else _odd("SET", reply)
+
+
+def _odd(command: str, reply: object) -> UnusableReply:
+    """A reply of a type ``command`` never gets from Redis (a server that is not Redis, or
+    not well): a refusal of its name."""
+    return UnusableReply(f"the server answered {command} with a {type(reply).__name__}")
+
+
+def _as(command: str, kinds: tuple[type, ...], replies: list[Reply]) -> list[Reply]:
+    """``replies``, each not of ``kinds`` (nor an error) as ``_odd``."""
+    return [r if isinstance(r, (*kinds, Exception)) else _odd(command, r) for r in replies]
 
 
 def _set_command(
