@@ -1,0 +1,190 @@
+"""SGLang's real radix cache, host pool and HiCacheController around kvtier's backend.
+
+Built with the test kit the sglang wheel ships (``sglang.test.kits.unified_radix_cache``),
+with the three adjustments a CPU-only machine needs (docs/sglang.md, "What was tested"):
+the kit's device is ``"cpu"``, the host pool does not pin memory, and the parallel state is
+one rank. The controller's device-to-host copy runs CUDA kernels, so a test fills the host
+pages itself (``fill_host``), as the kit's ``_simulate_backup`` does for the tree; the
+backup to storage and the prefetch back run on the controller's own threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, InsertParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+from sglang.test.kits.unified_radix_cache import fixtures as kit
+from sglang.test.kits.unified_radix_cache.config import CacheConfig
+
+BACKEND = {"backend_name": "kvtier", "module_path": "kvtier.integrations.sglang",
+           "class_name": "KvtierHiCacheStorage"}
+LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+@dataclass
+class Cache:
+    """One SGLang cache with kvtier attached: the tree, its allocator and the controller."""
+
+    tree: Any
+    allocator: Any
+    req_to_token_pool: Any
+    cfg: CacheConfig
+
+    @property
+    def controller(self) -> Any:
+        return self.tree.cache_controller
+
+    @property
+    def backend(self) -> Any:
+        """kvtier's backend (unwrapped from SGLang's fault injector, if that is on)."""
+        b = self.controller.storage_backend
+        return getattr(b, "_backend", b)
+
+    @property
+    def host(self) -> Any:
+        return self.controller.storage_host_pool
+
+
+def _unpinned(stack: contextlib.ExitStack) -> None:
+    import sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler as assembler
+
+    original = assembler.get_mha_host_pool_cls
+
+    def wrapper(device_pool: Any) -> Callable[..., Any]:
+        cls = original(device_pool)
+
+        def build(*args: Any, **kwargs: Any) -> Any:
+            kwargs["pin_memory"] = False
+            return cls(*args, **kwargs)
+
+        return build
+
+    stack.enter_context(mock.patch.object(assembler, "get_mha_host_pool_cls", wrapper))
+
+
+@contextlib.contextmanager
+def sglang_cache(extra: dict[str, Any], *, layout: str = "layer_first", page_size: int = 4,
+                 model: str = "org/tiny", tp: tuple[int, int] = (0, 1)) -> Iterator[Cache]:
+    """A cache whose storage backend is kvtier with ``extra`` (tiers and options) added to
+    the dynamic-backend keys; stopped (threads, backend) on exit."""
+    cfg = CacheConfig(page_size=page_size, components=(ComponentType.FULL,), num_layers=2,
+                      full_attention_layer_ids=(0, 1), kv_size=256, head_num=2, head_dim=8)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(kit, "get_device", lambda *a, **k: "cpu"))
+        _unpinned(stack)
+        stack.enter_context(get_parallel().override(tp_rank=tp[0], tp_size=tp[1], pp_rank=0,
+                                                    pp_size=1))
+        tree, allocator, rtp = kit.build_fixture(cfg)
+        args = ServerArgs(
+            model_path="dummy", page_size=page_size, hicache_io_backend="direct",
+            hicache_mem_layout=layout, hicache_write_policy="write_through",
+            hicache_storage_backend="dynamic",
+            hicache_storage_backend_extra_config=json.dumps(
+                {**BACKEND, "prefetch_threshold": 1, **extra}),
+            hicache_storage_prefetch_policy="wait_complete")
+        set_global_server_args_for_scheduler(args)
+        tree.init_hicache(args, tree.cache_init_params)
+        kit.drop_hicache_atexit_pin(tree)
+        stack.callback(tree.release_host_resources)
+        tree.write_through_threshold = 1 << 30
+        tree.load_back_threshold = 0
+        cc = tree.cache_controller
+        cc.prefetch_capacity_limit = max(cc.prefetch_capacity_limit, cc.mem_pool_host.size)
+        stack.callback(lambda: cc.storage_backend.close())
+        stack.callback(cc._stop_storage_threads)
+        yield Cache(tree, allocator, rtp, cfg)
+
+
+def insert(cache: Cache, tokens: list[int]) -> Any:
+    """Insert ``tokens`` on the device and give every node of its path host pages (the
+    kit's simulated device-to-host backup); the leaf node."""
+    cache.tree.insert(InsertParams(key=RadixKey(array("q", tokens)),
+                                       value=cache.allocator.alloc(len(tokens))))
+    leaf = kit.match_prefix(cache.tree, tokens).last_device_node
+    for node in path(cache, leaf):
+        value = kit.node_device_value(cache.tree, node, ComponentType.FULL)
+        if kit.node_host_value(cache.tree, node, ComponentType.FULL) is None:
+            cache.tree.tree_core.set_component_host_value_raw(node, ComponentType.FULL,
+                                                              value.clone())
+        cache.tree.tree_core.update_duplicate_tracking(node)
+    return leaf
+
+
+def path(cache: Cache, node: Any) -> list[Any]:
+    chain = []
+    while node != cache.tree.root_node_handle():
+        chain.append(node)
+        node = kit.node_parent(cache.tree, node)
+    return chain[::-1]
+
+
+def host_indices(cache: Cache, leaf: Any) -> torch.Tensor:
+    return torch.cat([kit.node_host_value(cache.tree, n, ComponentType.FULL)
+                      for n in path(cache, leaf)])
+
+
+def fill_host(cache: Cache, indices: torch.Tensor, seed: int) -> list[bytes]:
+    """Random bytes in every host page at ``indices``; each page's bytes, in order."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = []
+    for start in indices[:: cache.cfg.page_size].tolist():
+        dummy = cache.host.get_dummy_flat_data_page()
+        raw = dummy.view(torch.uint8)
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
+        cache.host.set_from_flat_data_page(start, dummy)
+        pages.append(host_page(cache, start))
+    return pages
+
+
+def host_page(cache: Cache, start: int) -> bytes:
+    page = cache.host.get_data_page(start, flat=True).contiguous()
+    return page.view(torch.uint8).numpy().tobytes()
+
+
+def back_up(cache: Cache, leaf: Any, timeout_s: float = 30.0) -> None:
+    """Write every node of ``leaf``'s path to storage on the controller's backup thread,
+    and wait (bounded) for its acknowledgements."""
+    for node in path(cache, leaf):
+        cache.tree.write_backup_storage(node)
+    pump(cache, lambda: not cache.tree.ongoing_backup, "backups did not finish", timeout_s)
+
+
+def prefetch(cache: Cache, tokens: list[int], rid: str, timeout_s: float = 30.0) -> int:
+    """Prefetch ``tokens`` from storage on the controller's threads, to completion; the
+    tokens the prefetch brought into host memory."""
+    req = CacheRequestHandle(rid, 0)
+    cache.tree.prefetch_from_storage(req, cache.tree.root_node_handle(), array("q", tokens),
+                                     None, None)
+    pump(cache, lambda: cache.tree.check_prefetch_progress(req), "prefetch did not finish",
+         timeout_s)
+    return int(kit.match_prefix(cache.tree, tokens).host_hit_length)
+
+
+def pump(cache: Cache, done: Callable[[], bool], what: str, timeout_s: float) -> None:
+    """Run the scheduler's event round until ``done()``; a bounded poll of real threads."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        cache.tree.check_hicache_events()
+        if done():
+            return
+        time.sleep(0.01)
+    raise AssertionError(what)
+
+
+def prefetched_pages(cache: Cache, tokens: list[int]) -> list[bytes]:
+    """The host pages of ``tokens``' matched path (what a prefetch brought)."""
+    node = kit.match_prefix(cache.tree, tokens).last_host_node
+    idx = host_indices(cache, node)
+    return [host_page(cache, s) for s in idx[:: cache.cfg.page_size].tolist()]
