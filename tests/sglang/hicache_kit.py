@@ -186,5 +186,7 @@ def pump(cache: Cache, done: Callable[[], bool], what: str, timeout_s: float) ->
 def prefetched_pages(cache: Cache, tokens: list[int]) -> list[bytes]:
     """The host pages of ``tokens``' matched path (what a prefetch brought)."""
     node = kit.match_prefix(cache.tree, tokens).last_host_node
+    if not tokens or node == cache.tree.root_node_handle():
+        return []
     idx = host_indices(cache, node)
     return [host_page(cache, s) for s in idx[:: cache.cfg.page_size].tolist()]
