@@ -76,11 +76,15 @@ def _unpinned(stack: contextlib.ExitStack) -> None:
 
 @contextlib.contextmanager
 def sglang_cache(extra: dict[str, Any], *, layout: str = "layer_first", page_size: int = 4,
-                 model: str = "org/tiny", tp: tuple[int, int] = (0, 1)) -> Iterator[Cache]:
+                 tp: tuple[int, int] = (0, 1), window: int | None = None) -> Iterator[Cache]:
     """A cache whose storage backend is kvtier with ``extra`` (tiers and options) added to
-    the dynamic-backend keys; stopped (threads, backend) on exit."""
-    cfg = CacheConfig(page_size=page_size, components=(ComponentType.FULL,), num_layers=2,
-                      full_attention_layer_ids=(0, 1), kv_size=256, head_num=2, head_dim=8)
+    the dynamic-backend keys; with ``window``, a hybrid of full-attention and
+    sliding-window layers. Stopped (threads, backend) on exit."""
+    hybrid = window is not None
+    cfg = CacheConfig(page_size=page_size, num_layers=4 if hybrid else 2,
+                      components=(ComponentType.FULL, *([ComponentType.SWA] if hybrid else [])),
+                      full_attention_layer_ids=(1, 3) if hybrid else (0, 1),
+                      sliding_window_size=window, kv_size=256, head_num=2, head_dim=8)
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(kit, "get_device", lambda *a, **k: "cpu"))
         _unpinned(stack)
@@ -111,15 +115,27 @@ def insert(cache: Cache, tokens: list[int]) -> Any:
     """Insert ``tokens`` on the device and give every node of its path host pages (the
     kit's simulated device-to-host backup); the leaf node."""
     cache.tree.insert(InsertParams(key=RadixKey(array("q", tokens)),
-                                       value=cache.allocator.alloc(len(tokens))))
+                                       value=alloc(cache, len(tokens))))
     leaf = kit.match_prefix(cache.tree, tokens).last_device_node
     for node in path(cache, leaf):
-        value = kit.node_device_value(cache.tree, node, ComponentType.FULL)
-        if kit.node_host_value(cache.tree, node, ComponentType.FULL) is None:
-            cache.tree.tree_core.set_component_host_value_raw(node, ComponentType.FULL,
-                                                              value.clone())
+        for component in cache.cfg.components:
+            value = kit.node_device_value(cache.tree, node, component)
+            if value is not None and kit.node_host_value(cache.tree, node, component) is None:
+                cache.tree.tree_core.set_component_host_value_raw(node, component,
+                                                                  value.clone())
         cache.tree.tree_core.update_duplicate_tracking(node)
     return leaf
+
+
+def alloc(cache: Cache, num_tokens: int) -> torch.Tensor:
+    """Device slots for ``num_tokens`` (the SWA allocator's own ``alloc`` takes one-token
+    pages only; this is the kit's ``_alloc``: full and sliding slots, mapped)."""
+    allocator = cache.allocator
+    if ComponentType.SWA not in cache.cfg.components:
+        return allocator.alloc(num_tokens)
+    full = allocator.full_attn_allocator.alloc(num_tokens)
+    allocator.full_to_swa_index_mapping[full] = allocator.swa_attn_allocator.alloc(num_tokens)
+    return full
 
 
 def path(cache: Cache, node: Any) -> list[Any]:
@@ -136,21 +152,30 @@ def host_indices(cache: Cache, leaf: Any) -> torch.Tensor:
 
 
 def fill_host(cache: Cache, indices: torch.Tensor, seed: int) -> list[bytes]:
-    """Random bytes in every host page at ``indices``; each page's bytes, in order."""
+    """Random bytes in every KV host page at ``indices``; each page's bytes, in order."""
+    return fill_pool(cache.host, indices, cache.cfg.page_size, seed)
+
+
+def fill_pool(pool: Any, indices: torch.Tensor, page_size: int, seed: int) -> list[bytes]:
+    """Random bytes in every page of host pool ``pool`` at ``indices``; each page's bytes."""
     gen = torch.Generator().manual_seed(seed)
     pages = []
-    for start in indices[:: cache.cfg.page_size].tolist():
-        dummy = cache.host.get_dummy_flat_data_page()
+    for start in indices[::page_size].tolist():
+        dummy = pool.get_dummy_flat_data_page()
         raw = dummy.view(torch.uint8)
         raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=gen))
-        cache.host.set_from_flat_data_page(start, dummy)
-        pages.append(host_page(cache, start))
+        pool.set_from_flat_data_page(start, dummy)
+        pages.append(page_bytes_of(pool, start))
     return pages
 
 
-def host_page(cache: Cache, start: int) -> bytes:
-    page = cache.host.get_data_page(start, flat=True).contiguous()
+def page_bytes_of(pool: Any, start: int) -> bytes:
+    page = pool.get_data_page(start, flat=True).contiguous()
     return page.view(torch.uint8).numpy().tobytes()
+
+
+def host_page(cache: Cache, start: int) -> bytes:
+    return page_bytes_of(cache.host, start)
 
 
 def back_up(cache: Cache, leaf: Any, timeout_s: float = 30.0) -> None:
