@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+
 def _run(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)

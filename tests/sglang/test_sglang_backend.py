@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import doctest
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-from kvtier.integrations.sglang import KvtierHiCacheStorage, SglangOptions
+from kvtier.integrations.sglang import KvtierHiCacheStorage, SglangOptions, hits, keys, options
 from kvtier.integrations.sglang.keys import PageNamespace, PagePool, namespace_of
 from kvtier.keys import KeyChain, Namespace
 from kvtier.layout import Group, Layout
@@ -124,3 +125,9 @@ def test_the_namespace_comes_from_sglangs_storage_config() -> None:
     ns = namespace_of(cfg, "page_first", 64, "torch.float16")
     assert ns.tp == (1, 2) and ns.replicated and ns.shard() == "tp1of2-pp0of1-cp0of1"
     assert ns.layout == "page_first" and ns.page_size == 64 and ns.model == "org/m"
+
+
+@pytest.mark.parametrize("module", [hits, keys, options])
+def test_doctests(module: object) -> None:
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)  # type: ignore[arg-type]
+    assert result.attempted > 0 and result.failed == 0

@@ -20,8 +20,9 @@ import pytest
 
 pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="needs SGLang 0.5.23")
 import hicache_kit as hk
-from redis_cluster import HAVE_CLUSTER_TOOLS, LocalRedisCluster
 from sglang_producer import TOKENS
+
+from redis_cluster import HAVE_CLUSTER_TOOLS, LocalRedisCluster
 
 pytestmark = [pytest.mark.sglang,
               pytest.mark.skipif(not HAVE_CLUSTER_TOOLS, reason="redis-server/redis-cli "

@@ -6,6 +6,7 @@ costs a miss, never an exception and never an unverified page.
 
 from __future__ import annotations
 
+import doctest
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from tier_helpers import GEOMETRY, items, key, payload
 
 from kvtier.keys import ChunkKey
+from kvtier.tiers import pages as pages_module
 from kvtier.tiers.config import TierConfig
 from kvtier.tiers.disk.directory import record_path
 from kvtier.tiers.disk.tier import DiskTier
@@ -159,3 +161,8 @@ def test_write_back_hands_disk_evictions_down_and_reads_promote(tmp_path: Path) 
 def test_a_config_without_lower_tiers_is_refused() -> None:
     with pytest.raises(ValueError, match="no tier"):
         PageTiers(TierConfig.from_dict({"host": {"capacity": 1}}), SLOT)
+
+
+def test_doctests() -> None:
+    result = doctest.testmod(pages_module)
+    assert result.attempted > 0 and result.failed == 0

@@ -137,7 +137,8 @@ class PageTiers:
         futures = [t.put_async(todo) for t in targets] if todo else []
         written: set[ChunkKey] = set()
         for f in futures:
-            written.update(self._within(f, end) or ())
+            done: list[ChunkKey] | None = self._within(f, end)
+            written.update(done or [])
         return [k not in admitted or k in written for k, _ in items]
 
     def _admitted(self, keys: list[ChunkKey]) -> set[ChunkKey]:

@@ -141,7 +141,8 @@ class KvtierStorageCore(HiCacheStorage):
         batch, per page, whether it is stored (or admission declined it)."""
         items: list[Item] = []
         for pool, hashes, indices in batches:
-            items += [(pool.key(h), read_page(pool, i)) for h, i in zip(hashes, indices, strict=True)]
+            items += [(pool.key(h), read_page(pool, i))
+                      for h, i in zip(hashes, indices, strict=True)]
         done = iter(self.pages().put(items))
         return [[next(done) for _ in hashes] for _, hashes, _ in batches]
 
