@@ -8,6 +8,7 @@ prefetch threads. Pages are compared byte for byte with what the producer's host
 from __future__ import annotations
 
 import signal
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorageFailureInjector
 
 from kvtier.integrations.sglang import KvtierHiCacheStorage
 from kvtier.tiers.disk.directory import record_path
-from tiers.tier_helpers import REDIS_SERVER, RedisServer
+from tiers.tier_helpers import REDIS_SERVER, RedisServer, free_port
 
 pytestmark = pytest.mark.sglang
 
@@ -120,3 +121,15 @@ def test_a_stalled_redis_costs_a_miss_within_the_deadline(tmp_path: Path) -> Non
             assert hk.prefetched_pages(cons, TOKENS) == pages
     finally:
         server.stop()
+
+
+def test_kvtier_metrics_are_served_per_rank(tmp_path: Path) -> None:
+    port = free_port()
+    with hk.sglang_cache(disk(tmp_path, metrics_port=port)) as prod:
+        leaf = hk.insert(prod, TOKENS)
+        hk.fill_host(prod, hk.host_indices(prod, leaf), seed=3)
+        hk.back_up(prod, leaf)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    assert 'kvtier_chunks_stored_total{tier="disk"} 8.0' in text
+    assert 'kvtier_store_seconds_count{tier="disk"} 1.0' in text
