@@ -27,6 +27,7 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from sglang.test.kits.unified_radix_cache import fixtures as kit
 from sglang.test.kits.unified_radix_cache.config import CacheConfig
+from sglang.test.kits.unified_radix_cache.mixins import UnifiedRadixCacheFixtures
 
 BACKEND = {"backend_name": "kvtier", "module_path": "kvtier.integrations.sglang",
            "class_name": "KvtierHiCacheStorage"}
@@ -72,19 +73,29 @@ def _unpinned(stack: contextlib.ExitStack) -> None:
         return build
 
     stack.enter_context(mock.patch.object(assembler, "get_mha_host_pool_cls", wrapper))
+    mamba = assembler.MambaPoolHost
+
+    def mamba_unpinned(*args: Any, **kwargs: Any) -> Any:
+        return mamba(*args, **{**kwargs, "pin_memory": False})
+
+    stack.enter_context(mock.patch.object(assembler, "MambaPoolHost", mamba_unpinned))
 
 
 @contextlib.contextmanager
 def sglang_cache(extra: dict[str, Any], *, layout: str = "layer_first", page_size: int = 4,
-                 tp: tuple[int, int] = (0, 1), window: int | None = None) -> Iterator[Cache]:
+                 tp: tuple[int, int] = (0, 1), window: int | None = None,
+                 mamba: bool = False) -> Iterator[Cache]:
     """A cache whose storage backend is kvtier with ``extra`` (tiers and options) added to
     the dynamic-backend keys; with ``window``, a hybrid of full-attention and
     sliding-window layers. Stopped (threads, backend) on exit."""
-    hybrid = window is not None
+    hybrid = window is not None or mamba
+    extra_component = [ComponentType.SWA] if window is not None else \
+        [ComponentType.MAMBA] if mamba else []
     cfg = CacheConfig(page_size=page_size, num_layers=4 if hybrid else 2,
-                      components=(ComponentType.FULL, *([ComponentType.SWA] if hybrid else [])),
+                      components=(ComponentType.FULL, *extra_component),
                       full_attention_layer_ids=(1, 3) if hybrid else (0, 1),
-                      sliding_window_size=window, kv_size=256, head_num=2, head_dim=8)
+                      sliding_window_size=window, kv_size=256, head_num=2, head_dim=8,
+                      enable_mamba_extra_buffer=mamba and page_size > 1, mamba_cache_size=60)
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(kit, "get_device", lambda *a, **k: "cpu"))
         _unpinned(stack)
@@ -114,8 +125,13 @@ def sglang_cache(extra: dict[str, Any], *, layout: str = "layer_first", page_siz
 def insert(cache: Cache, tokens: list[int]) -> Any:
     """Insert ``tokens`` on the device and give every node of its path host pages (the
     kit's simulated device-to-host backup); the leaf node."""
-    cache.tree.insert(InsertParams(key=RadixKey(array("q", tokens)),
-                                       value=alloc(cache, len(tokens))))
+    params = InsertParams(key=RadixKey(array("q", tokens)), value=alloc(cache, len(tokens)))
+    if ComponentType.MAMBA in cache.cfg.components:
+        fixtures = UnifiedRadixCacheFixtures()
+        fixtures.cfg = cache.cfg
+        req = fixtures._make_req(cache.req_to_token_pool)
+        params.mamba_value = req.kv.mamba_pool_idx.unsqueeze(0)
+    cache.tree.insert(params)
     leaf = kit.match_prefix(cache.tree, tokens).last_device_node
     for node in path(cache, leaf):
         for component in cache.cfg.components:

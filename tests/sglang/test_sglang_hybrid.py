@@ -81,6 +81,31 @@ def test_sliding_window_pages_round_trip_by_the_trailing_rule(
     assert kvtier_pages(window) == kvtier <= sglang  # SGLang never asks for fewer
 
 
+def test_mamba_state_round_trips_as_kvtiers_state_group_requires(tmp_path: Path) -> None:
+    """Full attention plus Mamba layers (the Mamba host pool takes page_first layouts): the
+    state at the prefix's end is stored with the KV and fetched back, one state, as kvtier's
+    ``state`` group requires one chunk at a boundary."""
+    extra = {"interface_v1": 1, "disk": {"path": str(tmp_path / "kv"), "capacity": "64MiB",
+                                         "fsync": False}}
+    with hk.sglang_cache(extra, mamba=True, layout="page_first") as prod:
+        leaf = hk.insert(prod, TOKENS)
+        kv = hk.fill_host(prod, hk.host_indices(prod, leaf), seed=1)
+        prod.backend.pages()
+        state_at = kit.node_host_value(prod.tree, leaf, ComponentType.MAMBA)
+        states = hk.fill_pool(prod.backend.pools["mamba"].host, state_at, 1, seed=2)
+        hk.back_up(prod, leaf)
+    with hk.sglang_cache(extra, mamba=True, layout="page_first") as cons:
+        assert hk.prefetch(cons, TOKENS, "r") == len(TOKENS)
+        assert hk.prefetched_pages(cons, TOKENS) == kv
+        node = kit.match_prefix(cons.tree, TOKENS).last_host_node
+        got = kit.node_host_value(cons.tree, node, ComponentType.MAMBA)
+        pool = cons.backend.pools["mamba"].host
+        assert [hk.page_bytes_of(pool, int(i)) for i in got] == states
+        fetched = cons.backend.stats()["disk"]["hits"] - len(kv)
+    state = Group("state", tokens_per_block=PAGE, bytes_per_state=64)
+    assert fetched == len(coverage.required(state, len(TOKENS))) == 1
+
+
 def test_mamba_state_rule_matches_kvtier_state_groups() -> None:
     """A Mamba pool's transfer carries one key (the state at the prefix's end): a prefix is
     restorable exactly where kvtier's state group requires its one chunk."""
