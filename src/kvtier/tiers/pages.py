@@ -46,7 +46,7 @@ from kvtier.tiers.lower import Item, LowerTier, Workers
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
-DEFAULT_DEADLINE_S = 2.0
+DEFAULT_DEADLINE_S = 1.0
 """How long one call may wait on the tiers before what is missing counts as a miss."""
 ADMISSION_SLOTS = 1 << 16
 """Slots admission sizes its default window by when no tier has a fixed capacity."""
