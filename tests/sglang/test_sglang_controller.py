@@ -90,9 +90,9 @@ def test_sglang_delay_and_failure_injection(tmp_path: Path,
     """SGLang's own injector in front of kvtier: calls fail or stall at random; whatever a
     prefetch brings is exactly what was stored, and nothing raises."""
     monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_DELAY", "0.01")
-    monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE", "0.3")
+    monkeypatch.setenv("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE", "0.2")
     extra = disk(tmp_path, interface_v1=1)
-    runs = [list(range(1000 * i, 1000 * i + 32)) for i in range(1, 5)]
+    runs = [list(range(1000 * i, 1000 * i + 32)) for i in range(1, 7)]
     produced = [produce(extra, tokens, seed=i)[0] for i, tokens in enumerate(runs)]
     with hk.sglang_cache(extra) as cons:
         assert isinstance(cons.controller.storage_backend, HiCacheStorageFailureInjector)
