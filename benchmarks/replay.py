@@ -30,7 +30,7 @@ streamed against holding the trace and its references (the replay before streami
 the bundled trace and a 10x synthetic one; target: streamed <= 0.2 x held at 10x.
 Prints a table, then as its last line one JSON object.
 
-    python benchmarks/replay.py [--capacity N] [--limit N] [--fleet-plot docs/fleet.png]
+    python benchmarks/replay.py [--capacity N] [--limit N] [--fleet-plot docs/fleet.png] [--quick]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ MAX_TOTAL_S = 60.0
 KV_BYTES_PER_TOKEN = 128 * 1024
 ADMISSION_CAPACITIES = (3000, 10000)
 FLEET_ENGINES = (1, 4, 8)
+QUICK_REQUESTS = 2000
 
 
 def plain_lru(requests: Sequence[TraceRequest], capacity: int) -> int:
@@ -116,15 +117,16 @@ MEMORY_TARGET = 0.2
 holds the store (capacity-bounded) and one request, the held trace grows with its length."""
 
 
-def memory_figures(capacity: int) -> dict[str, dict[str, float]]:
+def memory_figures(capacity: int, limit: int | None = None, users: int = 2000
+                   ) -> dict[str, dict[str, float]]:
     """Peak traced memory (tracemalloc) of an LRU replay, in total and per request, for
-    the bundled trace and a 10x synthetic one (2,000 users): streamed (``Workload`` over a
-    source), against holding every request and its references first (the replay before
-    streaming), in the same process."""
+    the bundled trace (its first ``limit`` requests) and a 10x synthetic one (``users``:
+    2,000): streamed (``Workload`` over a source), against holding every request and its
+    references first (the replay before streaming), in the same process."""
     config = ReplayConfig(Layout((Group("full", 512),)))
     out = {}
-    for name, source in (("bundled", trace_source(None)),
-                         ("synthetic_10x", synthetic_source(SynthConfig(users=2000)))):
+    for name, source in (("bundled", trace_source(None, limit=limit)),
+                         ("synthetic_10x", synthetic_source(SynthConfig(users=users)))):
         held = _peak(lambda s=source: _held(s, config, capacity))
         streamed = _peak(lambda s=source: replay(Workload(s, config), "lru", capacity))
         n = count_requests(source)
@@ -202,7 +204,13 @@ def main() -> None:
     parser.add_argument("--fleet-requests", type=int, default=3000,
                         help="requests of the fleet table (default 3000)")
     parser.add_argument("--fleet-plot", metavar="PATH", help="also plot the fleet table")
+    parser.add_argument("--quick", action="store_true",
+                        help="the first 2,000 requests, a 300-request fleet, a 200-user "
+                        "synthetic trace (CI; the targets are for the whole runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.limit = min(args.limit or QUICK_REQUESTS, QUICK_REQUESTS)
+        args.fleet_requests = min(args.fleet_requests, 300)
     requests = read_trace(limit=args.limit)
     t0 = time.perf_counter()
     layout = Layout((Group("full", 512, bytes_per_token=KV_BYTES_PER_TOKEN),))
@@ -227,7 +235,7 @@ def main() -> None:
     print_rows("admission (LRU, second offer within 4 offers per slot)", admission)
     norm = normalized_figures(workload, args.capacity)
     print_rows(f"normalized hit rates at {args.capacity} chunks", norm)
-    memory = memory_figures(args.capacity)
+    memory = memory_figures(args.capacity, args.limit, 200 if args.quick else 2000)
     print_rows("peak traced memory of an LRU replay: held trace against streamed", memory)
     memory_met = memory["synthetic_10x"]["ratio"] <= MEMORY_TARGET
     fleet = fleet_figures(requests[: args.fleet_requests], layout, args.capacity)
