@@ -240,7 +240,7 @@ def slot_addresses(
     :func:`slot_tensor`, the usual one (a row of a uint8 slab) after a short check of a few
     attribute reads.
     """
-    if slab is not None and all(type(s) is int for s in slots):
+    if slab is not None and set(map(type, slots)) == {int}:  # one pass in C
         indices = cast("list[int]", list(slots))
         try:
             rows = np.fromiter(indices, np.int64, len(indices))
