@@ -16,7 +16,9 @@ one JSON object; exits 1 when any benchmark failed. ``--only NAME`` runs just th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -61,13 +63,28 @@ class Outcome:
     seconds: float
     met: object
     error: str | None
+    cpu_seconds: float = 0.0
+    """CPU time the benchmark's process used (user + system): on a machine shared with
+    other work, a steadier estimate of its cost than ``seconds``."""
 
 
 def run(script: Path, python: str, timeout_s: float = TIMEOUT_S) -> Outcome:
     """Runs ``script --quick`` to the end from the repository's root, echoing its output;
     the benchmark's name is the script's (``benchmarks/tiers.py``: ``tiers``)."""
-    name = script.stem
+    before = _children_cpu()
     start = time.perf_counter()
+    outcome = _run(script, python, timeout_s, start)
+    return dataclasses.replace(outcome, cpu_seconds=_children_cpu() - before)
+
+
+def _children_cpu() -> float:
+    """CPU seconds used so far by the ended children of this process."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(script: Path, python: str, timeout_s: float, start: float) -> Outcome:
+    name = script.stem
     try:
         done = subprocess.run([python, str(script), "--quick"], cwd=HERE.parent,
                               capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -115,15 +132,18 @@ def main() -> None:
     for name in names:
         print(f"==> {name} --quick ({args.environment})", flush=True)
         outcomes.append(run(HERE / f"{name}.py", sys.executable))
-    print(f"\n{'benchmark':<16}{'seconds':>9}  {'met':<7}result")
+    print(f"\n{'benchmark':<16}{'seconds':>9}{'cpu s':>8}  {'met':<7}result")
     for o in outcomes:
-        print(f"{o.name:<16}{o.seconds:>9.1f}  {o.met!s:<7}{o.error or 'ran'}")
+        print(f"{o.name:<16}{o.seconds:>9.1f}{o.cpu_seconds:>8.1f}  {o.met!s:<7}"
+              f"{o.error or 'ran'}")
     failed = [o.name for o in outcomes if o.error is not None]
     total = sum(o.seconds for o in outcomes)
     print(f"{len(outcomes)} benchmarks in {total:.0f} s; failed: {', '.join(failed) or 'none'}")
     print(json.dumps({"environment": args.environment, "seconds": round(total, 1),
-                      "benchmarks": {o.name: {"seconds": round(o.seconds, 1), "met": o.met,
-                                              "error": o.error} for o in outcomes},
+                      "benchmarks": {o.name: {"seconds": round(o.seconds, 1),
+                                              "cpu_seconds": round(o.cpu_seconds, 1),
+                                              "met": o.met, "error": o.error}
+                                     for o in outcomes},
                       "failed": failed}))
     sys.exit(1 if failed else 0)
 

@@ -53,6 +53,7 @@ def test_a_missed_target_passes(runner, tmp_path):
     body = 'print("table"); print(json.dumps({"benchmark": "fine", "met": False}))'
     outcome = runner.run(_script(tmp_path, "fine", body), sys.executable)
     assert outcome.error is None and outcome.met is False
+    assert outcome.cpu_seconds > 0  # a Python process ran
 
 
 @pytest.mark.parametrize(("body", "says"), [
