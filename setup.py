@@ -45,9 +45,10 @@ COMPILED = [
 
 NATIVE = Extension(
     "kvtier._native",
-    sources=["src/kvtier/_native.c"],
+    sources=["src/kvtier/_native.c", "src/kvtier/_native_copy.c", "src/kvtier/_native_lanes.c"],
+    depends=["src/kvtier/_native.h"],
     libraries=["crypto"],  # OpenSSL's libcrypto, as CPython's hashlib; headers: libssl-dev
-    extra_compile_args=["-O2"],
+    extra_compile_args=["-O2", "-fvisibility=hidden"],  # the module exports PyInit only
 )
 """The copy and hashing loops (``kvtier.buildinfo.native()`` says whether it was built)."""
 

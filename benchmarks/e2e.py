@@ -1,7 +1,7 @@
 """End to end on the reference engine: time to first token restored from the host tier, and
 the cost of storing while decoding.
 
-Run: ``python benchmarks/e2e.py [--tokens 8192] [--threads 1] [--repeat 3]``.
+Run: ``python benchmarks/e2e.py [--tokens 8192] [--threads 1] [--repeat 3] [--quick]``.
 
 * TTFT: an ``--tokens``-token prompt on a hybrid model (2 full-attention layers and 2
   sliding-window layers, window 512, hidden 256, 16-token blocks and chunks). Cold: the
@@ -166,7 +166,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192, help="TTFT prompt length")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each kind")
+    parser.add_argument("--quick", action="store_true",
+                        help="a 2048-token prompt, one run of each kind (CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.tokens, args.repeat = min(args.tokens, 2048), 1
     torch.set_num_threads(args.threads)
     figures = {**measure_ttft(args.tokens, args.repeat), **measure_decode(args.repeat)}
     report(figures, args.tokens, args.threads)

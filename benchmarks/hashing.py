@@ -1,6 +1,6 @@
 """Chained keys for a 128k-token request against hashlib hashing the same bytes in one call.
 
-Run: ``python benchmarks/hashing.py``. Prints a table, then one JSON line.
+Run: ``python benchmarks/hashing.py [--quick]``. Prints a table, then one JSON line.
 Target: building every key of the request costs at most 2x the bare hash (the same
 hash function over the same bytes in one call). The default hash is sha256; blake2b and the
 opt-in xxh3 are reported beside it, each against its own bare call.
@@ -8,6 +8,7 @@ opt-in xxh3 are reported beside it, each against its own bare call.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import timeit
@@ -22,11 +23,15 @@ NUM_TOKENS = 131072
 REPEAT = 7
 
 
-def best(fn, number: int = 5) -> float:
-    return min(timeit.repeat(fn, number=number, repeat=REPEAT)) / number
+QUICK_REPEAT = 2
 
 
-def measure(layout: Layout, tokens: np.ndarray, hash_name: str = "sha256") -> tuple[float, int]:
+def best(fn, repeat: int, number: int = 5) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+
+
+def measure(layout: Layout, tokens: np.ndarray, repeat: int,
+            hash_name: str = "sha256") -> tuple[float, int]:
     ns = Namespace("bench", hash_name=hash_name)  # type: ignore[arg-type]
 
     def build() -> int:
@@ -37,15 +42,19 @@ def measure(layout: Layout, tokens: np.ndarray, hash_name: str = "sha256") -> tu
             n += len(chain.keys(g, range(last)))
         return n
 
-    return best(build), build()
+    return best(build, repeat), build()
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"best of {QUICK_REPEAT} runs, not {REPEAT} (CI)")
+    repeat = QUICK_REPEAT if parser.parse_args().quick else REPEAT
     tokens = np.random.default_rng(0).integers(0, 150_000, NUM_TOKENS, dtype=np.uint32)
     data = tokens.astype("<u4").tobytes()
     bare = {
-        "sha256": best(lambda: hashlib.sha256(data).digest()),
-        "blake2b": best(lambda: hashlib.blake2b(data, digest_size=32).digest()),
+        "sha256": best(lambda: hashlib.sha256(data).digest(), repeat),
+        "blake2b": best(lambda: hashlib.blake2b(data, digest_size=32).digest(), repeat),
     }
     cases = {
         "full_256": Layout((Group("full", 16, 16),)),
@@ -57,15 +66,15 @@ def main() -> None:
     figures = {f"bare_{h}_ms": t * 1e3 for h, t in bare.items()}
     rows = []
     for name, layout in cases.items():
-        t, n = measure(layout, tokens)
+        t, n = measure(layout, tokens, repeat)
         figures[f"{name}_ms"] = t * 1e3
         figures[f"{name}_ratio"] = t / bare["sha256"]
         rows.append((name, "sha256", n, t * 1e3, t / bare["sha256"]))
-    t, n = measure(cases["full_256"], tokens, "blake2b")
+    t, n = measure(cases["full_256"], tokens, repeat, "blake2b")
     figures["full_256_blake2b_ms"], figures["full_256_blake2b_ratio"] = t * 1e3, t / bare["blake2b"]
     rows.append(("full_256", "blake2b", n, t * 1e3, t / bare["blake2b"]))
     try:
-        t, n = measure(cases["full_256"], tokens, "xxh3")
+        t, n = measure(cases["full_256"], tokens, repeat, "xxh3")
         figures["full_256_xxh3_ms"] = t * 1e3
         rows.append(("full_256", "xxh3", n, t * 1e3, float("nan")))
     except ValueError:

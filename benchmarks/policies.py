@@ -122,6 +122,9 @@ def metadata_per_chunk(trace: Trace, num_slots: int, name: str) -> float:
     return used / store.num_ready
 
 
+QUICK_REQUESTS = 3000
+
+
 def synthetic_trace(quick: bool) -> Trace:
     from kvtier.replay.synth import SynthConfig, generate
 
@@ -161,12 +164,16 @@ def print_sweep(title: str, capacities: Sequence[int], rates: dict[str, list[flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    parser.add_argument("--quick", action="store_true", help="headline capacities only")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"headline capacities only, the trace's first {QUICK_REQUESTS:,} "
+                        "requests, a 300-user synthetic trace (CI)")
     parser.add_argument("--plot", type=Path, help="write the sweep's plot here (PNG)")
     args = parser.parse_args()
     online = list(ONLINE_POLICIES)
     names = [*online, "belady", INFINITE]
     trace = load_trace(args.trace)
+    if args.quick:
+        trace = trace[:QUICK_REQUESTS]
     caps = HEADLINE if args.quick else SWEEP
     rates = sweep(trace, caps, names)
     print_sweep(f"{args.trace.name} ({len(trace)} requests)", caps, rates)

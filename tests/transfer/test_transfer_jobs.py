@@ -229,9 +229,12 @@ class AffinityShim:
         self.free.append(self.real.cpu())  # type: ignore[attr-defined]
         return self.free[-1]
 
-    def copy(self, *args: object) -> None:
+    def copy_lanes(self, *args: object) -> None:
         self.masks.append((threading.current_thread().name, os.sched_getaffinity(0)))
-        self.real.copy(*args)  # type: ignore[attr-defined]
+        self.real.copy_lanes(*args)  # type: ignore[attr-defined]
+
+    def block_order(self, *args: object) -> bytearray:
+        return self.real.block_order(*args)  # type: ignore[attr-defined, no-any-return]
 
 
 @needs_two_cpus

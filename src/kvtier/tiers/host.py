@@ -25,6 +25,8 @@ memory. Either way ``view(slot)`` is a zero-copy ``uint8`` numpy array over the 
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 from typing import TYPE_CHECKING
 
@@ -88,6 +90,30 @@ def check_fits_memory(nbytes: int, what: str) -> None:
                          f"memory ({total / 2**30:.1f} GiB); give a smaller size")
 
 
+HUGE_PAGE = 2 << 20
+
+
+def huge_page_zeros(nbytes: int) -> npt.NDArray[np.uint8]:
+    """``nbytes`` zeroed bytes that Linux backs with 2 MiB pages where it can
+    (``MADV_HUGEPAGE`` on a private anonymous mapping before the first touch, from a 2 MiB
+    boundary); elsewhere, and under one such page, plain ``np.zeros``.
+
+    Why: the native copier sweeps the engine's blocks in order and so reaches the slots
+    scattered (kvtier.transfer.native); with 4 KiB pages each scattered block of a large
+    slab costs a page-table walk. (``kvtier.transfer.views.huge_page_bytes`` is the same
+    for torch; the rooms do not import each other.)
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or not hasattr(mmap, "MAP_ANONYMOUS") or nbytes < HUGE_PAGE:
+        return np.zeros(nbytes, dtype=np.uint8)
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+        region.madvise(advice)
+    whole = np.frombuffer(region, dtype=np.uint8)  # holds the mapping alive
+    skip = -whole.ctypes.data % HUGE_PAGE
+    return whole[skip : skip + nbytes]
+
+
 class HostSlab:
     """``num_slots`` slots of ``slot_bytes`` bytes in one preallocated host buffer.
 
@@ -135,7 +161,7 @@ class HostSlab:
 
     def _allocate(self, nbytes: int, pin: bool) -> npt.NDArray[np.uint8]:
         if not pin:
-            return np.zeros(nbytes, dtype=np.uint8)
+            return huge_page_zeros(nbytes)
         import torch
 
         self._tensor = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=True)

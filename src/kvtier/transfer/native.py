@@ -1,8 +1,9 @@
 """The native copier: the compiled build's CPU copies, by ``kvtier._native`` (C).
 
 Each block of each layer piece moves by one memcpy straight between the KV tensor and its
-slot, wherever the slots are, in one C call per thread without the GIL, the threads sharing
-the ranges out as they come (:class:`NativeCopier`). The engine chooses it once, when it is
+slot, wherever the slots are, in one C call per batch and thread without the GIL, in
+ascending engine block order, the threads sharing the work out as it comes
+(:class:`NativeCopier`). The engine chooses it once, when it is
 built, on the CPU wherever ``kvtier._native`` is installed (:func:`available`); the pure
 build, and CUDA in every build, use :class:`kvtier.transfer.torch_copier.TorchCopier`.
 """
@@ -28,7 +29,7 @@ except ImportError:  # the pure build: the torch copier only
     _native = None  # type: ignore[assignment]
 
 CLAIM_BYTES = 1 << 20
-"""Threads sharing a native copy take about this many bytes of ranges at a time: small
+"""Threads sharing a native copy take about this many bytes of work at a time: small
 enough that a helper which wakes late still finds work, large enough that the prefetch
 ahead of each claim's copy (64 KiB, see _native.c) is a small part of it."""
 
@@ -39,67 +40,58 @@ def available() -> bool:
 
 
 @dataclass(frozen=True)
-class Ranges:
-    """The byte ranges of one copy of a batch shape, as arrays: entry ``e`` is ``length[e]``
-    bytes at ``kv_base[e] + ids[pos[e]] * kv_step[e]`` in a KV tensor (``ids``: the copy's
-    engine block ids) and at byte ``slot_off[e]`` of its slot.
+class Lanes:
+    """A batch shape's ranges, one row per (layer, piece) of its group: ``kv_base``,
+    ``kv_step``, ``slot_base``, ``slot_step``, ``length``, ``positions`` (``_native.c``,
+    ``copy_lanes``). Lane ``l`` moves, for block position ``j < positions`` of each copy
+    ``c``, ``length`` bytes at ``kv_base + ids[j, c] * kv_step`` in a KV tensor and at
+    ``ptrs[c] + slot_base + j * slot_step`` in the copy's slot.
 
-    One entry per (layer, block, piece), layer-major: a block of a layer piece, or in a
-    ``consecutive`` batch a one-piece layer's whole run of blocks (``pos`` 0, the run's
-    length). Example: a 4-block chunk of 4 one-piece layers: 16 entries, or 4 with
-    consecutive ids.
+    A layer piece is a lane of ``num_blocks`` positions; in a ``consecutive`` batch a
+    one-piece layer is a lane of one position, the run of a copy's blocks as one range.
+    Example: a 4-block chunk of 4 one-piece layers: 4 lanes of 4 positions (16 ranges per
+    copy), or 4 lanes of 1 with consecutive ids (4 ranges per copy).
     """
 
-    pos: np.ndarray
-    kv_base: np.ndarray
-    kv_step: np.ndarray
-    slot_off: np.ndarray
-    length: np.ndarray
+    table: np.ndarray  # int64 [lanes * 6]: the rows, flat
+    count: int
+    bytes_per_copy: int
 
     @classmethod
-    def of(cls, batch: Batch) -> Ranges:
+    def of(cls, batch: Batch) -> Lanes:
         view, wb, count = batch.view, batch.view.word_bytes, batch.num_blocks
-        rows_: list[tuple[int, int, int, int, int]] = []
+        rows: list[tuple[int, int, int, int, int, int]] = []
         for li, layer in enumerate(view.layers):
             start = view.block_word(li, batch.first_block) * wb
             if batch.consecutive and len(layer.pieces) == 1:
-                rows = layer.pieces[0].rows  # contiguous: a run of blocks is one range
-                step = rows.stride(0) * wb
-                rows_.append((0, rows.data_ptr(), step, start, count * rows.shape[1] * wb))
+                run = layer.pieces[0].rows  # contiguous: a run of blocks is one range
+                rows.append((run.data_ptr(), run.stride(0) * wb, start, 0,
+                             count * run.shape[1] * wb, 1))
                 continue
-            for j in range(count):
-                for piece in layer.pieces:
-                    rows = piece.rows
-                    off = start + (j * layer.words_per_block + piece.offset) * wb
-                    rows_.append((j, rows.data_ptr(), rows.stride(0) * wb, off, piece.width * wb))
-        cols = np.array(rows_, np.int64).T
-        return cls(*(np.ascontiguousarray(c) for c in cols))
-
-
-def addresses(batch: Batch, ranges: Ranges) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(kv, slot, lengths)``: one byte range per (copy, entry of ``ranges``), copy-major.
-
-    Every address is inside memory :mod:`plan` checked (block ids below ``num_blocks``,
-    slots at least ``chunk_bytes`` long). Example: 2 copies of a 4-block chunk, 4 one-piece
-    layers, shuffled ids: 32 entries, those of copy 0 first, in slot order.
-    """
-    ids = batch.ids.T[:, ranges.pos]  # [copies, entries]: the block id each entry moves
-    kv = ranges.kv_base + ids * ranges.kv_step
-    slot = batch.ptrs[:, None] + ranges.slot_off
-    lengths = np.broadcast_to(ranges.length, kv.shape)
-    return kv.ravel(), slot.ravel(), lengths.ravel()
+            for piece in layer.pieces:
+                r = piece.rows
+                rows.append((r.data_ptr(), r.stride(0) * wb, start + piece.offset * wb,
+                             layer.words_per_block * wb, piece.width * wb, count))
+        table = np.array(rows, np.int64).reshape(-1, 6)
+        return cls(table.reshape(-1), len(rows), int((table[:, 4] * table[:, 5]).sum()))
 
 
 class NativeCopier:
-    """CPU stores and loads in the compiled build: the batch's byte ranges
-    (:func:`addresses`) move by ``kvtier._native.copy``, one memcpy each, without the GIL.
-    Straight between the KV tensors and each slot, wherever the slots are: no staging, and
-    no pass per block position (a torch ``index_select`` into strided slot columns ran at
-    half a contiguous copy's speed). ``fault``, if any, is called with every copy of a batch
-    before its bytes move.
+    """CPU stores and loads in the compiled build: each batch moves by one
+    ``kvtier._native.copy_lanes`` call per thread, one memcpy per block of each layer piece,
+    without the GIL. Straight between the KV tensors and each slot, wherever the slots are:
+    no staging, no address tables (the ranges are computed in C from the batch's block ids,
+    slot addresses and :class:`Lanes`), and no pass per block position. ``fault``, if any,
+    is called with every copy of a batch before its bytes move.
+
+    Each lane's blocks move in ascending engine block order (``_native.block_order``): a
+    fragmented block pool is then read (stores) or written (loads) in one monotone sweep per
+    layer, a few blocks per page, rather than at random, one page-table walk per block; the
+    scattered side is the slab's (kvtier's own memory, :func:`~kvtier.transfer.views.
+    allocate_slab`, huge pages where the system gives them).
 
     Up to ``threads`` threads share a batch: the calling one starts at once, helpers join
-    when they wake, and each takes the next ``CLAIM_BYTES`` of ranges from a shared cursor
+    when they wake, and each takes the next ``CLAIM_BYTES`` of items from a shared cursor
     until none are left. A fixed split would make the job wait for the slowest thread to
     wake: measured on a 2-core VM, a pool thread started its half 0.4-1.1 ms late, a sixth
     of a 64 MiB job. A batch wakes one helper per ``MIN_PART_BYTES`` beyond the first.
@@ -114,47 +106,46 @@ class NativeCopier:
         if _native is None:
             raise RuntimeError("kvtier._native is not built: only a compiled build "
                                "(KVTIER_COMPILE=1) has the native copier; see available()")
-        self._copy, self._cpu = _native.copy, _native.cpu
+        self._copy, self._order, self._cpu = _native.copy_lanes, _native.block_order, _native.cpu
         self._fault = fault
         self._helpers = max(1, threads) - 1
-        self._ranges: dict[tuple[int, int, int, bool], Ranges] = {}  # by batch shape
+        self._lanes: dict[tuple[int, int, int, bool], Lanes] = {}  # by batch shape
         self._apart = Apart()
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max(1, self._helpers), thread_name_prefix="kvtier-copy",
             initializer=self._apart.enlist)
 
     def store(self, batch: Batch) -> None:
-        kv, slot, lengths = self._addresses(batch)
-        self._run(slot, kv, lengths)
+        self._run(False, batch)
 
     def load(self, batch: Batch) -> None:
-        kv, slot, lengths = self._addresses(batch)
-        self._run(kv, slot, lengths)
+        self._run(True, batch)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self._apart.clear()
 
-    def _addresses(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The batch's ``(kv, slot, lengths)`` (:func:`addresses`), after its fault checks."""
+    def _run(self, to_kv: bool, batch: Batch) -> None:
+        """Moves ``batch`` (into the KV tensors when ``to_kv``), on this thread and as many
+        helpers as its bytes are worth, after its fault checks."""
         check_faults(self._fault, batch)
         key = (batch.view.index, batch.first_block, batch.num_blocks, batch.consecutive)
-        ranges = self._ranges.get(key)
-        if ranges is None:
-            ranges = self._ranges[key] = Ranges.of(batch)
-        return addresses(batch, ranges)
-
-    def _run(self, dst: np.ndarray, src: np.ndarray, lengths: np.ndarray) -> None:
-        """``lengths[e]`` bytes from ``src[e]`` to ``dst[e]`` for every ``e``, on this thread
-        and as many helpers as the bytes are worth."""
-        total = int(lengths.sum())
+        lanes = self._lanes.get(key)
+        if lanes is None:
+            lanes = self._lanes[key] = Lanes.of(batch)
+        ids = np.ascontiguousarray(batch.ids, np.int64).reshape(-1)
+        ptrs = np.ascontiguousarray(batch.ptrs, np.int64)
+        order = np.frombuffer(self._order(ids, batch.view.num_blocks), np.int64)
+        args = (to_kv, ids, ptrs, order, lanes.table)
+        total = lanes.bytes_per_copy * len(ptrs)
         helpers = min(self._helpers, total // MIN_PART_BYTES - 1)
         if helpers < 1:
-            self._copy(dst, src, lengths)
+            self._copy(*args)
             return
+        items = lanes.count * len(order)
         cursor = np.zeros(1, np.int64)
-        grain = max(1, CLAIM_BYTES * len(lengths) // total)  # ranges per claim
-        share = functools.partial(self._copy, dst, src, lengths, cursor, grain)
+        grain = max(1, CLAIM_BYTES * items // max(1, total))  # items per claim
+        share = functools.partial(self._copy, *args, cursor, grain)
         with self._apart(self._cpu()):
             together(self._pool, [share] * helpers, share)
 

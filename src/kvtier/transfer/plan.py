@@ -24,6 +24,7 @@ import itertools
 import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -31,9 +32,11 @@ import torch
 from kvtier.transfer.copies import ChunkCopy, Direction
 from kvtier.transfer.views import GroupView, slot_addresses
 
+T = TypeVar("T")
 _GROUP = operator.attrgetter("group")
 _FIRST = operator.attrgetter("first_block")
 _IDS = operator.attrgetter("block_ids")
+_SLOT = operator.attrgetter("slot")
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ def plan_job(
     if bad is not None:
         _check_copy(views, bad, copies[bad])
     need = np.array([v.chunk_bytes for v in views], np.int64)[table.groups]
-    slots, ptrs = slot_addresses([c.slot for c in copies], need, slab)
+    slots, ptrs = slot_addresses(list(map(_SLOT, copies)), need, slab)
     if direction == "store":
         _check_slots_distinct(views, table, ptrs)
     else:
@@ -167,11 +170,17 @@ def _batches(views: Sequence[GroupView], table: _Table, slots: Sequence[torch.Te
         first, rows = int(part[0]), part.tolist()
         count = int(table.counts[first])
         ids = table.ids[table.starts[part][None, :] + np.arange(count)[:, None]]
-        batches.append(Batch(views[int(table.groups[first])],
-                             tuple([table.copies[i] for i in rows]),
-                             tuple([slots[i] for i in rows]),
+        batches.append(Batch(views[int(table.groups[first])], _pick(table.copies, rows),
+                             _pick(slots, rows),
                              np.ascontiguousarray(ids), ptrs[part], bool(runs[first]), slab))
     return batches
+
+
+def _pick(items: Sequence[T], rows: list[int]) -> tuple[T, ...]:
+    """``tuple(items[i] for i in rows)``, in one C call (a job of thousands of copies)."""
+    if len(rows) == 1:
+        return (items[rows[0]],)
+    return operator.itemgetter(*rows)(items)
 
 
 def _check_copy(views: Sequence[GroupView], i: int, copy: ChunkCopy) -> None:

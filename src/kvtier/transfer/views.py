@@ -13,7 +13,9 @@ each); in a slot, block ``b`` of this layer is the K piece's row then the V piec
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -238,7 +240,7 @@ def slot_addresses(
     :func:`slot_tensor`, the usual one (a row of a uint8 slab) after a short check of a few
     attribute reads.
     """
-    if slab is not None and all(type(s) is int for s in slots):
+    if slab is not None and set(map(type, slots)) == {int}:  # one pass in C
         indices = cast("list[int]", list(slots))
         try:
             rows = np.fromiter(indices, np.int64, len(indices))
@@ -331,12 +333,41 @@ def _host_bytes(obj: object, where: str, what: str, ndim: int) -> torch.Tensor:
 
 
 def allocate_slab(num_slots: int, slot_bytes: int, device: torch.device | str) -> torch.Tensor:
-    """A ``[num_slots, slot_bytes]`` uint8 host slab; page-locked when ``device`` is CUDA.
+    """A ``[num_slots, slot_bytes]`` uint8 host slab; page-locked when ``device`` is CUDA,
+    else in 2 MiB pages where Linux gives them (:func:`huge_page_bytes`).
 
     Example: ``slab = allocate_slab(64, engine.slot_bytes, "cuda")``; ``slab[3]`` is slot 3.
     """
     device = torch.device(device)
     if num_slots < 1 or slot_bytes < 1:
         raise ValueError(f"allocate_slab: need positive sizes, got {num_slots} x {slot_bytes}")
-    pin = device.type == "cuda"
-    return torch.empty((num_slots, slot_bytes), dtype=torch.uint8, pin_memory=pin)
+    if device.type == "cuda":
+        return torch.empty((num_slots, slot_bytes), dtype=torch.uint8, pin_memory=True)
+    huge = huge_page_bytes(num_slots * slot_bytes)
+    if huge is None:
+        return torch.empty((num_slots, slot_bytes), dtype=torch.uint8)
+    return huge.view(num_slots, slot_bytes)
+
+
+HUGE_PAGE = 2 << 20
+
+
+def huge_page_bytes(nbytes: int) -> torch.Tensor | None:
+    """``nbytes`` of fresh, zeroed host memory that Linux backs with 2 MiB pages where it
+    can (``MADV_HUGEPAGE`` before the first touch, from a 2 MiB boundary), or None where
+    the system offers no such advice or ``nbytes`` is under one such page.
+
+    Why: the native copier (:mod:`kvtier.transfer.native`) sweeps the engine's blocks in
+    order and so writes and reads the slots scattered; with 4 KiB pages each scattered
+    block of a large slab costs a page-table walk (two levels of them in a VM).
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or not hasattr(mmap, "MAP_ANONYMOUS") or nbytes < HUGE_PAGE:
+        return None
+    # private: a shared anonymous mapping is shmem, whose huge pages are a separate setting
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+        region.madvise(advice)
+    whole = torch.frombuffer(region, dtype=torch.uint8)  # holds the mapping alive
+    skip = -whole.data_ptr() % HUGE_PAGE
+    return whole[skip : skip + nbytes]

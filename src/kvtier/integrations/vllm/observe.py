@@ -227,11 +227,17 @@ class KvtierPromMetrics(KVConnectorPromMetrics):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         _unregister_earlier()
         self._metrics: dict[str, Any] = {}
+        # vLLM types each of these classes as any of Gauge | Counter | Histogram (a TypeVar
+        # bound to their union), so where prometheus_client ships its types a histogram's
+        # ``buckets`` fails the type check against Gauge's; held as Any, the classes are
+        # called as what they are (vLLM's choice: prometheus_client's own, or a wrapper).
+        counter: Any = self._counter_cls
+        histogram: Any = self._histogram_cls
         for metric in (*TIER_COUNTERS.values(), *PLANNER_COUNTERS.values()):
-            self._metrics[metric.name] = self._counter_cls(
+            self._metrics[metric.name] = counter(
                 name=metric.name, documentation=metric.help, labelnames=self._labels(metric))
         for metric in TIER_HISTOGRAMS.values():
-            self._metrics[metric.name] = self._histogram_cls(
+            self._metrics[metric.name] = histogram(
                 name=metric.name, documentation=metric.help, labelnames=self._labels(metric),
                 buckets=list(LATENCY_BUCKETS_S))
 

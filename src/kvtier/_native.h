@@ -1,0 +1,28 @@
+/* kvtier._native's shared declarations: the module (_native.c) and its copy loops
+ * (_native_copy.c: copy over address tables; _native_lanes.c: copy_lanes and block_order
+ * over a transfer batch). Built only by KVTIER_COMPILE=1 (setup.py, NATIVE). */
+#ifndef KVTIER_NATIVE_H
+#define KVTIER_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
+
+#define STREAM_BYTES 256    /* ranges this long are written with non-temporal stores */
+#define PREFETCH_BYTES 65536 /* how far ahead of the copy its source is prefetched */
+
+/* `obj` as a 1-D buffer of native int64 (numpy int64), else ValueError naming `name`. */
+int int64_buffer(PyObject *obj, Py_buffer *view, const char *name);
+/* A writable, aligned, non-negative one-element int64 (see copy); nothing for None. */
+int cursor_buffer(PyObject *obj, Py_buffer *view, const char *fn);
+
+PyObject *native_copy(PyObject *self, PyObject *args);
+PyObject *native_copy_lanes(PyObject *self, PyObject *args);
+PyObject *native_block_order(PyObject *self, PyObject *args);
+
+#endif
