@@ -62,7 +62,7 @@ class Ranges:
         rows_: list[tuple[int, int, int, int, int]] = []
         for li, layer in enumerate(view.layers):
             start = view.block_word(li, batch.first_block) * wb
-            if batch.consecutive and len(layer.pieces) == 1:
+            if batch.consecutive and layer.runs:
                 rows = layer.pieces[0].rows  # contiguous: a run of blocks is one range
                 step = rows.stride(0) * wb
                 rows_.append((0, rows.data_ptr(), step, start, count * rows.shape[1] * wb))
