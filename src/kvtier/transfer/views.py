@@ -161,17 +161,19 @@ def _group_view(index: int, group: Group, kv: GroupKV) -> GroupView:
 
 
 def _check_layer(where: str, i: int, t: torch.Tensor, group: Group, kv: GroupKV) -> None:
-    if group.kind == "state":
+    if not t.is_contiguous():
+        if group.kind != "state":
+            raise ValueError(f"{where}: layer {i} is not contiguous; register the tensor itself")
         _check_state(where, i, t, kv)
         return
-    if not t.is_contiguous():
-        raise ValueError(f"{where}: layer {i} is not contiguous; register the tensor itself")
     need = kv.block_axis + 2
     if t.dim() < need:
         raise ValueError(
             f"{where}: layer {i} has shape {tuple(t.shape)}; block axis {kv.block_axis} "
             f"needs at least {need} dimensions"
         )
+    if group.kind == "state":
+        return
     if not 0 <= kv.token_axis < t.dim() or kv.token_axis == kv.block_axis:
         raise ValueError(f"{where}: token_axis {kv.token_axis} is not valid for shape "
                          f"{tuple(t.shape)} with block axis {kv.block_axis}")
@@ -184,9 +186,9 @@ def _check_layer(where: str, i: int, t: torch.Tensor, group: Group, kv: GroupKV)
 
 
 def _check_state(where: str, i: int, t: torch.Tensor, kv: GroupKV) -> None:
-    """A state tensor ``[num_blocks, ...]`` may sit in larger pages (vLLM pads a state page
-    to the attention page size): each block's state must be contiguous, and blocks evenly
-    spaced at least that far apart."""
+    """A state tensor that is not contiguous must be ``[num_blocks, ...]`` in pages larger
+    than the state (vLLM pads a state page to the attention page size): each block's state
+    contiguous, and blocks evenly spaced at least that far apart."""
     if kv.block_axis != 0 or t.dim() < 2:
         raise ValueError(f"{where}: state tensor {i} must be [num_blocks, ...] (block axis 0), "
                          f"got shape {tuple(t.shape)} with block axis {kv.block_axis}")
