@@ -43,11 +43,13 @@ PROMPTS = {
 }
 
 
-def hybrid_engine(model: Path, connector: bool = True, **options: Any) -> Engine:
-    """The model on vLLM's CPU engine; with the connector configured by ``options`` only
-    (no ``chunk_tokens``: the default applies)."""
+def hybrid_engine(model: Path, connector: bool = True, kv_bytes: int | None = None,
+                  **options: Any) -> Engine:
+    """The model on vLLM's CPU engine (``kv_bytes`` of KV cache, default 64 MiB); with the
+    connector configured by ``options`` only (no ``chunk_tokens``: the default applies)."""
+    args = HYBRID if kv_bytes is None else {**HYBRID, "kv_cache_memory_bytes": kv_bytes}
     return Engine(model, num_blocks=0, max_model_len=MAX_LEN, connector=connector,
-                  llm_args=HYBRID, chunk_tokens=None, **options)
+                  llm_args=args, chunk_tokens=None, **options)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,9 @@
-"""State chunks below host memory on the real vLLM engine: the tiny Qwen3-Next of
-``test_engine_hybrid`` (1152-token chunks of gated-delta-net state and full attention).
+"""The tiny Qwen3-Next of ``test_engine_hybrid`` (1152-token chunks of gated-delta-net state
+and full attention) on engines of their own, one after the other (a process holds one KV
+connector at a time): preemption in a small KV pool, and state chunks below host memory.
+
+Six requests that do not fit together in 14 blocks are preempted while they decode, and
+their tokens equal the same batch's on an engine without a connector.
 
 An engine restarted on a disk directory hits the state and attention chunks from disk; a
 state record whose payload changed on disk fails its checksum and is recomputed; a separate
@@ -38,6 +42,37 @@ WAIT = 5.0
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_models.qwen3next(tmp_path_factory.mktemp("hybrid_tiers") / "qwen3next")
+
+
+BLOCK_BYTES = 2 * 294912
+"""One block id's bytes: a 294912-byte page in each of the two KV tensors (a delta-net
+layer and a full-attention layer share each tensor's pages)."""
+
+
+def _together(model: Path, prompts: list[list[int]], connector: bool
+              ) -> tuple[list[Output], float, int]:
+    """The prompts in one batch on a 14-block engine: outputs, vLLM's preemptions, and the
+    tokens kvtier restored (0 without a connector)."""
+    eng = hybrid_engine(model, connector=connector, kv_bytes=14 * BLOCK_BYTES)
+    try:
+        outs = eng.generate(prompts, 100)
+        restored = (eng.scheduler.connector.scheduler.planner.metrics.hit_tokens
+                    if connector else 0)
+        return outs, eng.counter("vllm:num_preemptions"), restored
+    finally:
+        eng.close()
+
+
+def test_preemption_mid_generation(model: Path, record_property: Any) -> None:
+    """This CPU build's hybrid kernels are not batch-invariant (the same requests run two at
+    a time give other greedy tokens, with or without a connector), so the reference is the
+    same batch on the same pool without a connector: preempted alike, tokens identical."""
+    prompts = [tokens(40 + i, 2250) for i in range(6)]  # states at 1152; decoding crosses 2304
+    reference, _, _ = _together(model, prompts, connector=False)
+    together, preemptions, restored = _together(model, prompts, connector=True)
+    assert preemptions > 0  # the scenario happened
+    assert [t.tokens for t in together] == [r.tokens for r in reference]
+    record_property("tokens_restored_by_kvtier", restored)
 
 
 def generate(model: Path, **options: Any) -> Output:
