@@ -193,3 +193,17 @@ def test_negative_control_one_changed_state_element_changes_the_tokens(
         vars(worker).pop("after_forward", None)
     assert warm.num_cached == 2 * BLOCK
     assert warm.tokens != cold.tokens
+
+
+def test_a_hit_that_extends_vllms_own_cache_hit(engine: Engine) -> None:
+    """vLLM's own cache holds the state at 1152 and kvtier the one at 2304: vLLM takes its
+    block, kvtier loads the state at 2304 and the attention chunk above vLLM's hit."""
+    short = tokens(30, 1200)
+    long = short + tokens(31, 1200)
+    engine.reset()
+    cold = engine.generate([long])[0]
+    engine.llm.reset_prefix_cache()  # vLLM forgets; kvtier keeps the state at 2304
+    assert engine.generate([short])[0].num_cached == 0  # one prefill: no state kept at 1152
+    warm = engine.generate([long])[0]  # vLLM's own cache: 1152 (the short prompt's state)
+    assert warm.tokens == cold.tokens
+    assert warm.num_cached == 2 * BLOCK
