@@ -57,3 +57,20 @@ def test_state_pages_that_overlap_are_refused() -> None:
     group = Group("state", 16, 1, bytes_per_state=512)
     with pytest.raises(ValueError, match="pages of their own"):
         TransferEngine(Layout((group,)), [GroupKV((squeezed,))])
+
+
+def test_states_of_consecutive_blocks_in_one_job() -> None:
+    """Blocks 2 and 3 into consecutive slab rows in one job, then into blocks 6 and 7: a run
+    of state blocks is moved page by page (their pages are not one range)."""
+    gen = torch.Generator().manual_seed(28)
+    raw, views = padded_state_layer(gen)
+    group = Group("state", 16, 1, bytes_per_state=608)
+    with TransferEngine(Layout((group,)), [GroupKV(tuple(views))]) as engine:
+        slab = allocate_slab(2, engine.slot_bytes, engine.device)
+        stores = [ChunkCopy(0, slab[0], (2,)), ChunkCopy(0, slab[1], (3,))]
+        assert engine.wait(engine.submit_store(stores)).ok
+        assert torch.equal(slab[1][:608], page(raw, 3)[:608])
+        loads = [ChunkCopy(0, slab[0], (6,)), ChunkCopy(0, slab[1], (7,))]
+        assert engine.wait(engine.submit_load(loads)).ok
+    assert torch.equal(page(raw, 6)[:608], page(raw, 2)[:608])
+    assert torch.equal(page(raw, 7)[:608], page(raw, 3)[:608])
