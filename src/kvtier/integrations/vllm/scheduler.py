@@ -258,6 +258,10 @@ class ConnectorScheduler:
 
     def _update_table(self, s: StepRequest) -> None:
         req = self._requests[s.request_id]
+        for gi in self._state:  # one entry per block the horizon fills, None until named
+            table = req.tables[gi]
+            need = -(-s.horizon // self.layout.groups[gi].tokens_per_block)
+            table.extend([None] * (need - len(table)))
         for gi, pos, block_id in s.state_blocks:
             table = req.tables[gi]
             table.extend([None] * (pos + 1 - len(table)))
