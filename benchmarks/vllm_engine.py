@@ -17,6 +17,8 @@ Each turn takes a new prompt and times one-token generations (time to first toke
 * ``vllm-hit``: the same prompt again, its blocks still in vLLM's own prefix cache: the
   physical limit (nothing moves; vLLM computes the tokens past its last full block).
 
+``--model qwen3next``: the same turns on a gated-delta-net hybrid (``vllm_hybrid.py``).
+
 Decoding: a batch of ``--batch`` requests generating ``--decode-tokens`` tokens each, with
 kvtier attached (``store: all``: answer chunks are stored as decoding passes chunk ends)
 against a second engine with no connector, built after the first is closed. Figures are
@@ -45,6 +47,7 @@ from vllm.distributed import cleanup_dist_env_and_memory
 from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
 from vllm.inputs import TokensPrompt
 
+import vllm_hybrid
 from kvtier.buildinfo import describe
 from vllm import LLM, SamplingParams
 
@@ -138,7 +141,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--decode-tokens", type=int, default=192)
     parser.add_argument("--quick", action="store_true", help="2 turns, 2000-token prompts")
+    parser.add_argument("--model", choices=["llama", "qwen3next"], default="llama",
+                        help="qwen3next: a recurrent-state hybrid, TTFT only (vllm_hybrid.py)")
     args = parser.parse_args()
+    if args.model == "qwen3next":
+        vllm_hybrid.run(args, ttft_turn, timed, stop)
+        return
     if args.quick:
         args.prompt_tokens, args.turns, args.decode_tokens = 2000, 2, 96
     max_len = args.prompt_tokens + BLOCK_TOKENS

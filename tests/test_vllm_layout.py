@@ -81,10 +81,25 @@ def test_chunk_must_be_a_block_multiple() -> None:
         vllm_layout([G(spec("FullAttentionSpec", block=16))], VllmSpecDecode(), chunk_tokens=24)
 
 
-def test_mamba_align_is_a_state_group() -> None:
-    group = vllm_layout([G(spec("MambaSpec", mamba_cache_mode="align"))], VllmSpecDecode(),
-                        chunk_tokens=16).groups[0]
-    assert (group.kind, group.bytes_per_state) == ("state", 2048)
+class _Dtype:
+    def __init__(self, itemsize: int) -> None:
+        self.itemsize = itemsize
+
+
+def test_mamba_align_is_a_state_group_of_the_states_own_bytes() -> None:
+    """A 1024-byte conv state and 4096-byte SSM state in pages vLLM pads to 8192 bytes:
+    5120 bytes per layer are stored, not the page."""
+    mamba = spec("MambaSpec", page=8192, mamba_cache_mode="align",
+                 shapes=((4, 128), (8, 256)), dtypes=(_Dtype(2), _Dtype(2)))
+    group = vllm_layout([G(mamba)], VllmSpecDecode(), chunk_tokens=16).groups[0]
+    assert (group.kind, group.bytes_per_state) == ("state", 2 * 5120)
+
+
+@pytest.mark.parametrize("mode", ["all", "none"])
+def test_other_mamba_modes_are_refused_naming_align(mode: str) -> None:
+    with pytest.raises(UnsupportedConfig, match="mamba_cache_mode='align'"):
+        vllm_layout([G(spec("MambaSpec", mamba_cache_mode=mode))], VllmSpecDecode(),
+                    chunk_tokens=16)
 
 
 def test_options_reject_unknown_keys_and_bad_values() -> None:

@@ -37,10 +37,13 @@ def kv_transfer_config(**extra: Any) -> dict[str, Any]:
     """``--kv-transfer-config`` exactly as docs/vllm.md tells a user to write it (a ``host``
     section in ``extra`` replaces the ``host_bytes`` shorthand)."""
     host = {} if "host" in extra else {"host_bytes": 64 << 20}
+    options = {"chunk_tokens": CHUNK_TOKENS, **host, **extra}
+    if options["chunk_tokens"] is None:  # the connector's default, as a user leaves it
+        del options["chunk_tokens"]
     return {"kv_connector": "KvtierConnector",
             "kv_connector_module_path": "kvtier.integrations.vllm",
             "kv_role": "kv_both",
-            "kv_connector_extra_config": {"chunk_tokens": CHUNK_TOKENS, **host, **extra}}
+            "kv_connector_extra_config": options}
 
 
 @dataclass(frozen=True)
@@ -56,15 +59,20 @@ class Engine:
 
     def __init__(self, model: Path, *, num_blocks: int, speculative: dict[str, Any] | None = None,
                  max_model_len: int = 1024, connector: bool = True,
-                 kv_events: Any = None, **options: Any) -> None:
-        """``kv_events``: a vLLM ``KVEventsConfig``; ``options``: the connector's."""
+                 kv_events: Any = None, llm_args: dict[str, Any] | None = None,
+                 **options: Any) -> None:
+        """``kv_events``: a vLLM ``KVEventsConfig``; ``llm_args``: more of ``LLM``'s
+        arguments (``kv_cache_memory_bytes`` there replaces ``num_blocks``); ``options``:
+        the connector's."""
+        args: dict[str, Any] = {
+            "kv_cache_memory_bytes": num_blocks * _block_bytes(model, speculative),
+            **(llm_args or {})}
         self.llm = LLM(
             model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
             max_model_len=max_model_len, enforce_eager=True, distributed_executor_backend="uni",
-            kv_cache_memory_bytes=num_blocks * _block_bytes(model, speculative),
             kv_transfer_config=kv_transfer_config(**options) if connector else None,
             speculative_config=speculative, disable_log_stats=False,
-            kv_events_config=kv_events,
+            kv_events_config=kv_events, **args,
         )
         core = self.llm.llm_engine.engine_core.engine_core
         self.scheduler = core.scheduler

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine_helpers import CHUNK_TOKENS, Engine
+from engine_helpers import Engine
 
 from kvtier.keys import KeyChain
 
@@ -20,12 +20,15 @@ from kvtier.keys import KeyChain
 def main() -> None:
     model, spec = Path(sys.argv[1]), json.loads(sys.argv[2])
     prompt = spec["prompt"]
-    engine = Engine(model, num_blocks=spec.get("num_blocks", 14), **spec["extra"])
+    engine = Engine(model, num_blocks=spec.get("num_blocks", 14),
+                    max_model_len=spec.get("max_model_len", 1024), llm_args=spec.get("llm_args"),
+                    **spec["extra"])
     out = engine.generate([prompt], max_tokens=spec.get("max_tokens", 8))[0]
     scheduler = engine.scheduler.connector.scheduler
     promoted = dict(scheduler.tiers.promoted)
-    chain = KeyChain(scheduler.planner.layout, scheduler.planner.namespace, prompt)
-    keys = [k.hex() for k in chain.keys(0, range(len(prompt) // CHUNK_TOKENS))]
+    layout = scheduler.planner.layout
+    chain = KeyChain(layout, scheduler.planner.namespace, prompt)
+    keys = [k.hex() for k in chain.keys(0, range(len(prompt) // layout.groups[0].tokens_per_chunk))]
     engine.close()
     print(json.dumps({"tokens": list(out.tokens), "num_cached": out.num_cached,
                       "ttft_s": out.ttft_s, "promoted": promoted, "keys": keys}))

@@ -94,3 +94,19 @@ def _save_weights(config: Any, weights: dict[str, torch.Tensor], folder: Path) -
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in weights.items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
+
+
+def qwen3next(folder: Path) -> Path:
+    """A Qwen3-Next-class hybrid: gated-delta-net linear attention and full attention,
+    alternating (two KV-cache groups in vLLM: a Mamba-kind state group and full attention).
+    Linear head dims are 128: the CPU GDN kernel refuses smaller ones."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(4)
+    config = Qwen3NextConfig(
+        **{**_COMMON, "num_hidden_layers": 4}, head_dim=32, linear_num_value_heads=4,
+        linear_num_key_heads=2, linear_key_head_dim=128, linear_value_head_dim=128,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        layer_types=["linear_attention", "full_attention"] * 2)
+    return _save(Qwen3NextForCausalLM(config), folder)

@@ -63,7 +63,7 @@ class Lanes:
         rows: list[tuple[int, int, int, int, int, int]] = []
         for li, layer in enumerate(view.layers):
             start = view.block_word(li, batch.first_block) * wb
-            if batch.consecutive and len(layer.pieces) == 1:
+            if batch.consecutive and layer.runs:
                 run = layer.pieces[0].rows  # contiguous: a run of blocks is one range
                 rows.append((run.data_ptr(), run.stride(0) * wb, start, 0,
                              count * run.shape[1] * wb, 1))

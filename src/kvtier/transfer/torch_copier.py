@@ -111,7 +111,7 @@ def placements(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[torch.Tenso
     count = batch.num_blocks
     for li, layer in enumerate(view.layers):
         base = view.block_word(li, batch.first_block)
-        if batch.consecutive and len(layer.pieces) == 1:
+        if batch.consecutive and layer.runs:
             piece = layer.pieces[0]
             step = max(1, (ROW_WORDS - 1) // piece.width)  # blocks per run
             for j in range(0, count, step):
@@ -136,7 +136,7 @@ def planes(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[np.ndarray, ...
     view, rows_apart, count = batch.view, staged.stride(0), batch.num_blocks
     for li, layer in enumerate(view.layers):
         start = staged.storage_offset() + view.block_word(li, batch.first_block)
-        if batch.consecutive and len(layer.pieces) == 1:
+        if batch.consecutive and layer.runs:
             piece = layer.pieces[0]
             run_shape = (staged.shape[0], count * piece.width)
             plane = staged.as_strided(run_shape, (rows_apart, 1), start)

@@ -41,6 +41,12 @@ class Piece:
     def width(self) -> int:
         return int(self.rows.shape[1])
 
+    @property
+    def dense(self) -> bool:
+        """Whether block ``b + 1`` starts right where block ``b`` ends, so that a run of
+        blocks is one range: false for a recurrent state padded to a larger page."""
+        return int(self.rows.stride(0)) == self.width
+
 
 @dataclass(frozen=True)
 class LayerView:
@@ -49,6 +55,11 @@ class LayerView:
     pieces: tuple[Piece, ...]
     words_per_block: int
     offset: int
+
+    @property
+    def runs(self) -> bool:
+        """Whether runs of consecutive blocks move as one range (one dense piece)."""
+        return len(self.pieces) == 1 and self.pieces[0].dense
 
 
 @dataclass(frozen=True)
@@ -153,7 +164,10 @@ def _group_view(index: int, group: Group, kv: GroupKV) -> GroupView:
 
 def _check_layer(where: str, i: int, t: torch.Tensor, group: Group, kv: GroupKV) -> None:
     if not t.is_contiguous():
-        raise ValueError(f"{where}: layer {i} is not contiguous; register the tensor itself")
+        if group.kind != "state":
+            raise ValueError(f"{where}: layer {i} is not contiguous; register the tensor itself")
+        _check_state(where, i, t, kv)
+        return
     need = kv.block_axis + 2
     if t.dim() < need:
         raise ValueError(
@@ -171,6 +185,19 @@ def _check_layer(where: str, i: int, t: torch.Tensor, group: Group, kv: GroupKV)
             f"{kv.token_axis} (shape {tuple(t.shape)}) but the layout says tokens_per_block="
             f"{group.tokens_per_block}"
         )
+
+
+def _check_state(where: str, i: int, t: torch.Tensor, kv: GroupKV) -> None:
+    """A state tensor that is not contiguous must be ``[num_blocks, ...]`` in pages larger
+    than the state (vLLM pads a state page to the attention page size): each block's state
+    contiguous, and blocks evenly spaced at least that far apart."""
+    if kv.block_axis != 0 or t.dim() < 2:
+        raise ValueError(f"{where}: state tensor {i} must be [num_blocks, ...] (block axis 0), "
+                         f"got shape {tuple(t.shape)} with block axis {kv.block_axis}")
+    if not t[0].is_contiguous() or t.stride(0) < t[0].numel():
+        raise ValueError(
+            f"{where}: state tensor {i} (shape {tuple(t.shape)}, strides {t.stride()}) does "
+            "not hold each block's state contiguously in pages of their own")
 
 
 def _num_blocks(where: str, kv: GroupKV) -> int:
@@ -206,8 +233,9 @@ def _check_bytes(where: str, group: Group, block_bytes: list[int]) -> None:
 
 
 def _word_bytes(kv: GroupKV, block_bytes: list[int]) -> int:
-    """The widest word dividing every row size and every tensor's address."""
+    """The widest word dividing every row size, block spacing and tensor's address."""
     sizes = list(block_bytes)
+    sizes += [_block_stride_bytes(t, kv.block_axis) for t in kv.layers]
     if kv.block_axis == 1:
         sizes += [b // int(t.shape[0]) for t, b in zip(kv.layers, block_bytes, strict=True)]
     sizes += [t.data_ptr() for t in kv.layers]
@@ -215,14 +243,30 @@ def _word_bytes(kv: GroupKV, block_bytes: list[int]) -> int:
     return next(w for w in (8, 4, 2, 1) if g % w == 0)
 
 
+def _block_stride_bytes(t: torch.Tensor, block_axis: int) -> int:
+    return int(t.stride(block_axis)) * t.element_size()
+
+
 def _pieces(t: torch.Tensor, block_axis: int, word_bytes: int) -> tuple[Piece, ...]:
     word = _WORDS[word_bytes]
+    if not t.is_contiguous():  # a state in padded pages (``_check_state``)
+        return (Piece(_page_rows(t).view(word), 0),)
     raw = _bytes_of(t)
     if block_axis == 0:
         return (Piece(raw.reshape(t.shape[0], -1).view(word), 0),)
     lead = raw.reshape(t.shape[0], t.shape[1], -1)
     width = lead.shape[2] // word_bytes
     return tuple(Piece(lead[k].view(word), k * width) for k in range(lead.shape[0]))
+
+
+def _page_rows(t: torch.Tensor) -> torch.Tensor:
+    """``[num_blocks, state bytes]`` uint8 rows over ``t``'s memory, one per page: row ``b``
+    is block ``b``'s state, the page's padding left out. Example: a bf16 ``[113, 3, 1024]``
+    conv state in 294912-byte pages -> rows of 6144 bytes, 294912 bytes apart."""
+    size = t.element_size()
+    flat = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+    shape = (int(t.shape[0]), t[0].numel() * size)
+    return flat.as_strided(shape, (int(t.stride(0)) * size, 1), t.storage_offset() * size)
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@ is the shorthand for a host-only ``host`` section.
 >>> opts = KvtierOptions.from_extra_config({"host_bytes": 1 << 30, "chunk_tokens": 256})
 >>> opts.host_bytes, opts.chunk_tokens, opts.policy, opts.store, opts.tiers.disk
 (1073741824, 256, 'lru', 'all', None)
+>>> KvtierOptions().chunk_tokens is None  # chosen from the model's block sizes at start-up
+True
 >>> opts = KvtierOptions.from_extra_config({"host": {"capacity": "64MiB", "policy": "arc"},
 ...                                         "disk": {"path": "/tmp/kv", "capacity": "1GiB"}})
 >>> opts.host_bytes, opts.policy, opts.tiers.disk.path
@@ -31,7 +33,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvtier.boundaries import BoundaryMode, check_mode
-from kvtier.integrations.vllm.layout import UnsupportedConfig, VllmSpecDecode, vllm_layout
+from kvtier.integrations.vllm.layout import (
+    UnsupportedConfig,
+    VllmSpecDecode,
+    default_chunk_tokens,
+    vllm_layout,
+)
 from kvtier.keys import Namespace
 from kvtier.layout import Layout
 from kvtier.store.policies import ONLINE_POLICIES
@@ -52,8 +59,9 @@ class KvtierOptions:
     policy: str = "lru"
     """Host-memory eviction policy: one of kvtier's online policies (``lru``, ``arc``,
     ``s3fifo``, ``pfreq``); with a ``host`` section, its ``policy``."""
-    chunk_tokens: int = 256
-    """Tokens per stored chunk; a multiple of every KV-cache group's block size."""
+    chunk_tokens: int | None = None
+    """Tokens per stored chunk; a multiple of every KV-cache group's block size. Default
+    (None): the smallest such multiple that is at least 256 (``default_chunk_tokens``)."""
     store: StoreWhat = "all"
     """``all``: store the prompt and the answer; ``prompt``: the prompt only."""
     tenant_salt: SaltSource = "cache_salt"
@@ -75,7 +83,8 @@ class KvtierOptions:
 
     def __post_init__(self) -> None:
         _positive_int("host_bytes", self.host_bytes)
-        _positive_int("chunk_tokens", self.chunk_tokens)
+        if self.chunk_tokens is not None:
+            _positive_int("chunk_tokens", self.chunk_tokens)
         if self.tiers is None:
             object.__setattr__(self, "tiers",
                                TierConfig.from_dict({"host": {"capacity": self.host_bytes}}))
@@ -131,6 +140,8 @@ def _positive_int(name: str, value: object) -> None:
 @dataclass(frozen=True)
 class ConnectorSetup:
     layout: Layout
+    """The model's groups in vLLM's order, with the chunk size in effect (the option, or
+    ``default_chunk_tokens``)."""
     options: KvtierOptions
     namespace: Namespace
     num_slots: int
@@ -159,15 +170,10 @@ def connector_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     _refuse_parallel(parallel)
     model = vllm_config.model_config
     kv_dtype = str(getattr(vllm_config.cache_config, "cache_dtype", "auto"))
-    layout = vllm_layout(kv_cache_config.kv_cache_groups, spec_decode(vllm_config),
-                         chunk_tokens=options.chunk_tokens, model=str(model.model),
-                         kv_dtype=kv_dtype)
-    if any(g.kind == "state" for g in layout.groups):
-        raise UnsupportedConfig(
-            "recurrent-state (Mamba) groups translate to kvtier state groups, but restoring "
-            "them through vLLM's scheduler is not yet verified; refusing rather than risk "
-            "wrong state (use kvtier's own engine for these models)"
-        )
+    groups = kv_cache_config.kv_cache_groups
+    chunk_tokens = options.chunk_tokens or default_chunk_tokens(groups)
+    layout = vllm_layout(groups, spec_decode(vllm_config), chunk_tokens=chunk_tokens,
+                         model=str(model.model), kv_dtype=kv_dtype)
     namespace = Namespace(
         model=str(model.model), revision=options.model_revision or str(model.revision or ""),
         kv_dtype=kv_dtype, parallel=f"tp{parallel.tensor_parallel_size}",

@@ -39,6 +39,7 @@ from kvtier.integrations.vllm.observe import (
     kv_event,
 )
 from kvtier.integrations.vllm.scheduler import ConnectorScheduler, StepPlan, StepRequest
+from kvtier.integrations.vllm.state import layer_tensors, offloads_of, state_blocks
 from kvtier.integrations.vllm.tiers import has_lower, scheduler_tiers
 from kvtier.integrations.vllm.worker import ConnectorWorker
 from kvtier.integrations.vllm.worker_tiers import RankTiers
@@ -151,16 +152,19 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         for req_id in scheduler_output.preempted_req_ids or ():
             sched.preempt(req_id)
         copies = [c.dst_block_id for c in scheduler_output.kv_cache_block_copies or ()]
-        steps = [self._step_request(scheduler_output, *item)
+        offloads = offloads_of(scheduler_output)
+        steps = [self._step_request(scheduler_output, *item, offloads.get(item[0], ()))
                  for item in _scheduled(scheduler_output)]
         return KvtierConnectorMetadata(sched.step(steps, copies))
 
     def _step_request(self, out: SchedulerOutput, req_id: str,
-                      block_ids: tuple[list[int], ...] | None, full: bool) -> StepRequest:
+                      block_ids: tuple[list[int], ...] | None, full: bool,
+                      offloads: Iterable[tuple[int, int, int]]) -> StepRequest:
         request = self._requests[req_id]
         drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
         horizon = request.num_computed_tokens + out.num_scheduled_tokens[req_id] - drafts
-        return StepRequest(req_id, block_ids, full, horizon, request.all_token_ids)
+        return StepRequest(req_id, block_ids, full, horizon, request.all_token_ids,
+                           state_blocks(self.layout, offloads))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if self._tally is not None:
@@ -232,7 +236,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         groups = self._kv_cache_config.kv_cache_groups
-        layers = [[kv_caches[name] for name in g.layer_names] for g in groups]
+        layers = [[t for name in g.layer_names for t in layer_tensors(kv_caches[name])]
+                  for g in groups]
         self._worker().register(layers, self._kv_cache_config.num_blocks)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:

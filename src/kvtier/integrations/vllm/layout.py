@@ -25,6 +25,7 @@ only plain attributes, so it runs, and is tested, without vLLM installed:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,23 @@ def vllm_layout(
     return Layout(out, model=model, kv_dtype=kv_dtype)
 
 
+MIN_CHUNK_TOKENS = 256
+"""The default chunk is the smallest multiple of every group's block size at least this long."""
+
+
+def default_chunk_tokens(groups: Sequence[Any]) -> int:
+    """``chunk_tokens`` when the user gives none: the smallest multiple of every group's
+    block size that is at least ``MIN_CHUNK_TOKENS``, so that any model starts.
+
+    Example: 16-token blocks -> 256; a Qwen3-Next-class model, whose recurrent-state and
+    attention groups vLLM gives 1152-token blocks (align mode) -> 1152; blocks of 96 and
+    128 -> 384.
+    """
+    sizes = [int(g.kv_cache_spec.block_size) for g in groups] or [1]
+    step = math.lcm(*sizes)
+    return -(-MIN_CHUNK_TOKENS // step) * step
+
+
 def _group(index: int, group: Any, spec_decode: VllmSpecDecode, chunk_tokens: int) -> Group:
     spec = group.kv_cache_spec
     where = f"KV-cache group {index} ({type(spec).__name__})"
@@ -131,8 +149,10 @@ def _mamba(spec: Any, where: str) -> dict[str, Any]:
     mode = getattr(spec, "mamba_cache_mode", None)
     if mode != "align":
         raise UnsupportedConfig(
-            f"{where}: Mamba cache mode {mode!r} keeps no state at block boundaries; kvtier "
-            "stores recurrent state only with mamba_cache_mode='align'"
+            f"{where}: Mamba cache mode {mode!r} does not keep one state per block boundary "
+            "in a block of its own, so kvtier cannot store or restore it; start vLLM with "
+            "prefix caching and mamba_cache_mode='align' (--enable-prefix-caching "
+            "--mamba-cache-mode align)"
         )
     return {"kind": "state"}
 
@@ -156,10 +176,24 @@ def _kind_fields(spec: Any, where: str) -> dict[str, Any]:
     )
 
 
+def state_bytes(spec: Any) -> int:
+    """Bytes of one layer's recurrent state: its tensors' own bytes (``MambaSpec.shapes``
+    and ``dtypes``: conv state plus SSM or gated-delta-net state), without the padding
+    vLLM adds to make a state page as large as an attention page.
+
+    Example: GDN with conv ``(3, 1024)`` bf16 and state ``(4, 128, 128)`` fp32 -> 6144 +
+    262144 = 268288 bytes, in a page vLLM pads to 294912.
+    """
+    total = 0
+    for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True):
+        total += math.prod(int(n) for n in shape) * int(dtype.itemsize)
+    return total
+
+
 def _sizes(spec: Any, kind: str, num_layers: int, block: int) -> dict[str, Any]:
-    page = int(spec.page_size_bytes)
     if kind == "state":
-        return {"bytes_per_state": page * num_layers}
+        return {"bytes_per_state": state_bytes(spec) * num_layers}
+    page = int(spec.page_size_bytes)
     if page % block:
         raise UnsupportedConfig(f"page size {page} bytes is not a whole number of bytes per token")
     return {"bytes_per_token": page // block * num_layers}

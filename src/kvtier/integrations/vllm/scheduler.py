@@ -58,7 +58,9 @@ class StepRequest:
     ``block_ids`` per group are vLLM's ids (0 is vLLM's null block); ``full_table`` says
     they replace the request's table (new and resumed requests) rather than extend it.
     ``horizon`` is how many tokens have KV once this step's forward ran, and ``tokens``
-    every token id known (prompt and verified output).
+    every token id known (prompt and verified output). A state group's table is not vLLM's
+    (``kvtier.integrations.vllm.state``): ``state_blocks`` are its entries this step's
+    forward fills, ``(group, position, block_id)``.
     """
 
     request_id: str
@@ -66,6 +68,7 @@ class StepRequest:
     full_table: bool
     horizon: int
     tokens: Sequence[int]
+    state_blocks: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ class ConnectorScheduler:
         # the other groups' tables can hold blocks vLLM handed to another request.
         self._windowed = [gi for gi, g in enumerate(layout.groups)
                           if not coverage.stores_whole_chunks(g)]
+        self._state = {gi for gi, g in enumerate(layout.groups) if g.kind == "state"}
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -254,9 +258,19 @@ class ConnectorScheduler:
 
     def _update_table(self, s: StepRequest) -> None:
         req = self._requests[s.request_id]
+        for gi in self._state:  # one entry per block the horizon fills, None until named
+            table = req.tables[gi]
+            need = -(-s.horizon // self.layout.groups[gi].tokens_per_block)
+            table.extend([None] * (need - len(table)))
+        for gi, pos, block_id in s.state_blocks:
+            table = req.tables[gi]
+            table.extend([None] * (pos + 1 - len(table)))
+            table[pos] = block_id
         if s.block_ids is None:
             return
         for gi, ids in enumerate(s.block_ids):
+            if gi in self._state:
+                continue  # vLLM's positions are not boundaries there: state_blocks are
             new = _table_ids(ids)
             if s.full_table:
                 req.tables[gi] = new
