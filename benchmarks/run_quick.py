@@ -51,8 +51,9 @@ HELPERS = ("run_quick", "tier_setup")
 
 ENVIRONMENTS = ("main", "vllm", "vllm_cpu")
 
-TIMEOUT_S = 900
-"""A quick mode still running after this long has hung (the slowest takes minutes)."""
+TIMEOUT_S = 1800
+"""A quick mode still running after this long has hung (the slowest, vllm_engine, takes about
+2 CPU-minutes; on a busy machine, minutes more)."""
 
 
 @dataclass(frozen=True)
