@@ -260,7 +260,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker().after_forward(plan)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        report = self._worker().collect()
+        report = self._worker().collect(idle=self._plan().idle)
         for job_id, ok in report.completed.items():
             self._completed[job_id] = (1, ok)
         return KVConnectorTransferResults(finished_recving=set(report.loaded),
