@@ -50,6 +50,12 @@ from kvtier.store.results import EventKind, StoreEvent
 
 BlockIds = Sequence[int]
 
+IDLE_WAIT_S = 0.05
+"""Longest a step in which vLLM scheduled nothing waits for the lower tiers (a Redis probe
+here, a promotion in the worker) instead of returning to vLLM's loop, which would step again
+at once and hold the GIL the waiting thread needs after each read; bounded, so that a request
+arriving meanwhile is scheduled soon."""
+
 
 @dataclass(frozen=True)
 class StepRequest:
@@ -243,6 +249,8 @@ class ConnectorScheduler:
         stores = [job for s in steps if (job := self._store(s)) is not None]
         for request_id in self._unaccepted:
             self.planner.decline_hit(request_id)
+        if not steps and self.tiers is not None:
+            self.tiers.settle(IDLE_WAIT_S)  # the next lookup folds the probes in
         below = self.tiers.take_plan(stores) if self.tiers is not None else ((), ())
         plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below,
                         idle=not steps)

@@ -48,16 +48,12 @@ from typing import Literal
 
 import torch
 
-from kvtier.integrations.vllm.scheduler import StepPlan
+from kvtier.integrations.vllm.scheduler import IDLE_WAIT_S, StepPlan
 from kvtier.integrations.vllm.worker_tiers import RankTiers
 from kvtier.layout import Layout
 from kvtier.planner import TransferJob
 from kvtier.tiers.host import HostSlab
 from kvtier.transfer import ChunkCopy, FaultHook, GroupKV, JobResult, TransferEngine
-
-IDLE_WAIT_S = 0.05
-"""Longest a step in which vLLM scheduled nothing waits for a promotion (module docstring);
-bounded, so that a request arriving meanwhile is scheduled soon."""
 
 
 @dataclass
