@@ -20,9 +20,10 @@ turn takes a new prompt and times one-token generations (TTFT):
 * ``host``: vLLM's prefix cache emptied, kvtier's host tier kept: an ordinary host hit.
 
 Figures are medians over ``--turns`` turns of ratios taken within a turn and an engine; the
-machine is shared, so nothing is compared across runs. Targets: promoted/cold TTFT <= 0.5
-(a promotion still beats recomputing), promoted/host TTFT <= 3 (the tier's read is the only
-extra cost). The last line is one JSON object.
+machine is shared, so nothing is compared across runs. Targets (issue 28, both builds):
+promoted/host TTFT <= 1.3 from disk, <= 1.5 from Redis and from the cluster (the tier's read
+is the only extra cost), and promoted/cold below 1 (a promotion beats recomputing). The last
+line is one JSON object.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ from vllm_engine import (
 )
 
 TIERS = ("disk", "redis", "cluster")
-TARGETS = {f"ttft_{t}_over_{base}": bound for t in TIERS
-           for base, bound in (("cold", 0.5), ("host", 3.0))}
+TARGETS = {**{f"ttft_{t}_over_cold": 1.0 for t in TIERS},
+           "ttft_disk_over_host": 1.3, "ttft_redis_over_host": 1.5, "ttft_cluster_over_host": 1.5}
 CHUNK_BYTES = 2 * KV_HEADS * (HIDDEN // HEADS) * 2 * BLOCK_TOKENS * LAYERS
 
 
@@ -112,7 +113,8 @@ def main() -> None:
             section = {"redis": {"cluster_nodes": list(nodes), "timeout_s": 5.0}}
             results["cluster"] = run_tier(model, section, args)
     figures = report(results, args)
-    met = all(figures[name] <= bound for name, bound in TARGETS.items())
+    met = all(figures[name] <= bound if name.endswith("host") else figures[name] < bound
+              for name, bound in TARGETS.items())
     print(json.dumps({"benchmark": "vllm_tiers", "build": describe(), "figures": figures,
                       "targets": TARGETS, "met": met}))
 
@@ -134,7 +136,8 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace
         print(f"{tier:<8}{med['cold']:>9.3f}{med['promoted']:>12.3f}{med['host']:>9.3f}"
               f"{med['promoted_hit']:>7.0f}{over_cold:>15.3f}{over_host:>15.3f}")
     for name, bound in TARGETS.items():
-        print(f"  {name:<24}{figures[name]:>8.3f}  <= {bound}")
+        sign = "<=" if name.endswith("host") else "<"
+        print(f"  {name:<24}{figures[name]:>8.3f}  {sign} {bound}")
     return figures
 
 

@@ -30,7 +30,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" uninstall -y $CUDA_EXTRAS
 "${PIP[@]}" install --no-deps -e "$REPO"
 # redis: the shared tier (engines meeting through Redis); prometheus_client comes with vLLM.
-"${PIP[@]}" install "redis>=5.0" "isal>=1.0" "mypy_extensions>=1.0" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+"${PIP[@]}" install "redis>=5.0" "hiredis>=2.0" "isal>=1.0" "mypy_extensions>=1.0" "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
 
 "$VENV/bin/python" -c \
     "import vllm, kvtier, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

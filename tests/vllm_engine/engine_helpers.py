@@ -177,8 +177,8 @@ class KvProbe:
                 self.loading.setdefault(job.request_id, []).extend(job.copies)
             before(plan)
 
-        def collect_and_check() -> Any:
-            report = collect()
+        def collect_and_check(idle: bool = False) -> Any:
+            report = collect(idle)
             for request_id in report.loaded - report.failed_loads:
                 self._check(request_id)
             return report

@@ -265,7 +265,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker().after_forward(plan)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        report = self._worker().collect()
+        # the step's plan, as before_forward ran it (None only if vLLM skipped every hook)
+        idle = self._prepared is not None and self._prepared.idle
+        report = self._worker().collect(idle=idle)
         for job_id, ok in report.completed.items():
             self._completed[job_id] = (1, ok)
         return KVConnectorTransferResults(finished_recving=set(report.loaded),

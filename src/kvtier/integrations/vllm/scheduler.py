@@ -50,6 +50,12 @@ from kvtier.store.results import EventKind, StoreEvent
 
 BlockIds = Sequence[int]
 
+IDLE_WAIT_S = 0.05
+"""Longest a step in which vLLM scheduled nothing waits for the lower tiers (a Redis probe
+here, a promotion in the worker) instead of returning to vLLM's loop, which would step again
+at once and hold the GIL the waiting thread needs after each read; bounded, so that a request
+arriving meanwhile is scheduled soon."""
+
 
 @dataclass(frozen=True)
 class StepRequest:
@@ -76,18 +82,21 @@ class StepPlan:
     """What the workers do this step: loads before the forward, stores after it, and the
     store jobs to finish before any block is overwritten; with lower tiers, the chunks to
     write down before any slot is reused and the promotions into host slots
-    (``kvtier.integrations.vllm.tiers``)."""
+    (``kvtier.integrations.vllm.tiers``). ``idle``: vLLM scheduled no request this step
+    (it steps only because a request waits, e.g. for a promotion)."""
 
     loads: tuple[TransferJob, ...] = ()
     stores: tuple[TransferJob, ...] = ()
     flush: tuple[int, ...] = ()
     promotes: tuple[Promotion, ...] = ()
     demotions: tuple[Demotion, ...] = ()
+    idle: bool = False
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled through the constructor: vLLM sends it between processes, and the
         compiled build's frozen classes refuse the default pickle's attribute writes."""
-        return (StepPlan, (self.loads, self.stores, self.flush, self.promotes, self.demotions))
+        return (StepPlan, (self.loads, self.stores, self.flush, self.promotes, self.demotions,
+                           self.idle))
 
 
 @dataclass
@@ -244,8 +253,11 @@ class ConnectorScheduler:
         stores = [job for s in steps if (job := self._store(s)) is not None]
         for request_id in self._unaccepted:
             self.planner.decline_hit(request_id)
+        if not steps and self.tiers is not None:
+            self.tiers.settle(IDLE_WAIT_S)  # the next lookup folds the probes in
         below = self.tiers.take_plan(stores) if self.tiers is not None else ((), ())
-        plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below)
+        plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below,
+                        idle=not steps)
         self._loads, self._fresh, self._unaccepted = [], set(), set()
         return plan
 

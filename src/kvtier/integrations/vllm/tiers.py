@@ -304,7 +304,8 @@ class TieredHost:
             self._demotions.append(Demotion(event.key, event.slot, group))
 
     def settle(self, timeout_s: float = 30.0) -> None:
-        """Wait (bounded) for the probes in flight; the next lookup folds them in (tests)."""
+        """Wait (bounded) for the probes in flight; the next lookup folds them in (tests,
+        and steps in which vLLM scheduled nothing: ``scheduler.IDLE_WAIT_S``)."""
         with self.lock:
             futures = [f for _, f in self._probes]
         wait(futures, timeout=timeout_s)
