@@ -38,6 +38,7 @@ BENCHMARKS = {
     "transfer": "main",
     "vllm_connector": "vllm",
     "vllm_engine": "vllm_cpu",
+    "vllm_hybrid": "vllm_cpu",
     "vllm_tiers": "vllm_cpu",
 }
 """Every benchmark in ``benchmarks/``, and the environment it needs: ``main`` (the README's

@@ -100,7 +100,7 @@ def huge_page_zeros(nbytes: int) -> npt.NDArray[np.uint8]:
 
     Why: the native copier sweeps the engine's blocks in order and so reaches the slots
     scattered (kvtier.transfer.native); with 4 KiB pages each scattered block of a large
-    slab costs a page-table walk. (``kvtier.transfer.views.huge_page_bytes`` is the same
+    slab costs a page-table walk. (``kvtier.transfer.slots.huge_page_bytes`` is the same
     for torch; the rooms do not import each other.)
     """
     advice = getattr(mmap, "MADV_HUGEPAGE", None)

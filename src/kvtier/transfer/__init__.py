@@ -8,7 +8,7 @@ for the job protocol.
 from kvtier.transfer.copies import ChunkCopy, Direction, GroupKV, JobResult, Slot, SlotRef
 from kvtier.transfer.jobs import DEFAULT_STAGING_BYTES, TransferEngine
 from kvtier.transfer.mover import FaultHook
-from kvtier.transfer.views import allocate_slab
+from kvtier.transfer.slots import allocate_slab
 
 __all__ = [
     "DEFAULT_STAGING_BYTES",

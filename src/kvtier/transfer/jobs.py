@@ -41,8 +41,9 @@ from kvtier.transfer import native
 from kvtier.transfer.copies import ChunkCopy, Direction, GroupKV, JobResult, SlotRef, as_copies
 from kvtier.transfer.mover import Copier, FaultHook, Mover
 from kvtier.transfer.plan import Batch, plan_job
+from kvtier.transfer.slots import register_slab
 from kvtier.transfer.torch_copier import TorchCopier
-from kvtier.transfer.views import build_views, register_slab
+from kvtier.transfer.views import build_views
 
 DEFAULT_STAGING_BYTES = 4 << 20
 """Staging per direction on the KV device; a job larger than this runs in several batches."""

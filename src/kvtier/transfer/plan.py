@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from kvtier.transfer.copies import ChunkCopy, Direction
-from kvtier.transfer.views import GroupView, slot_addresses
+from kvtier.transfer.slots import slot_addresses
+from kvtier.transfer.views import GroupView
 
 T = TypeVar("T")
 _GROUP = operator.attrgetter("group")
@@ -142,7 +143,7 @@ def plan_job(
 ) -> list[Batch]:
     """Check every copy of a job and group it into batches (raises ``ValueError``).
 
-    ``slab``: the registered slab (:func:`kvtier.transfer.views.register_slab`) whose rows
+    ``slab``: the registered slab (:func:`kvtier.transfer.slots.register_slab`) whose rows
     copies may name by index."""
     if not copies:
         return []
