@@ -216,13 +216,7 @@ def report(ttft: list[dict[str, float]], with_kvtier: list[float], without: list
     """Print the table; return the figures (medians of per-turn ratios)."""
     med = statistics.median
     figures = {
-        "ttft_cold_s": med(t["cold"] for t in ttft),
-        "ttft_kvtier_s": med(t["kvtier"] for t in ttft),
-        "ttft_vllm_hit_s": med(t["vllm-hit"] for t in ttft),
-        "kvtier_hit_tokens": med(t["kvtier_hit"] for t in ttft),
-        "vllm_hit_tokens": med(t["vllm_hit"] for t in ttft),
-        "ttft_kvtier_over_cold": med(t["kvtier"] / t["cold"] for t in ttft),
-        "ttft_kvtier_over_vllm_hit": med(t["kvtier"] / t["vllm-hit"] for t in ttft),
+        **vllm_hybrid.ttft_figures(ttft),
         "decode_tok_s_kvtier": med(with_kvtier),
         "decode_tok_s_none": med(without),
         "decode_kvtier_over_none": med(a / b for a, b in zip(with_kvtier, without, strict=True)),
