@@ -4,16 +4,21 @@ sharing one server; and what a write leaves on the server (exactly one record pe
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 from tier_helpers import GEOMETRY, Clock, RedisServer, items, key, payload, poll
 
 from kvtier.tiers.records.format import encode
+from kvtier.tiers.redis.each import Each, Faults, Reply, run_each
 from kvtier.tiers.redis.tier import Backoff, RedisTier
 
 pytestmark = pytest.mark.redis
@@ -137,3 +142,32 @@ def test_a_restart_seen_by_a_bounded_poll(redis_server: RedisServer) -> None:
     redis_server.start()
     assert poll(lambda: tier.put(items("r")) == [key("r")], timeout_s=10.0)
     assert list(tier.get([key("r")])) == [key("r")]
+
+
+class _DropsAClient(Each):
+    """``GET`` on each node; packing the second node's commands drops the first node's
+    client, as a cluster's slot-map refresh replacing its clients mid-call does."""
+
+    def pack(self, conn: Any, indexes: Sequence[int], asking: bool) -> list[bytes]:
+        if indexes == [1]:
+            self.clients.pop("first", None)  # type: ignore[attr-defined]
+            gc.collect()
+        return super().pack(conn, indexes, asking)
+
+
+def test_a_client_replaced_mid_call_keeps_its_replies(redis_server: RedisServer) -> None:
+    """A redis-py client collected while its request is in flight closes its pool; a call
+    holds every node's client until its replies are in (a cluster lost a live master's
+    replies this way when a dead master's failure refreshed the slot map)."""
+    redis_server.client().mset({"a": b"1", "b": b"2"})  # type: ignore[attr-defined]
+    clients = {node: redis.Redis(port=redis_server.port) for node in ("first", "second")}
+    each = _DropsAClient("GET", ["a", "b"])
+    object.__setattr__(each, "clients", clients)
+    replies: list[Reply] = [None, None]
+    failed: list[BaseException] = []
+    run_each(each, {("first", False): [0], ("second", False): [1]}, clients.__getitem__,
+             lambda jobs: [job() for job in jobs], Faults((redis.RedisError, OSError),
+             redis.ResponseError), 2.0, lambda node: None,
+             lambda node, error: failed.append(error), replies)
+    assert "first" not in clients  # the client was dropped mid-call
+    assert failed == [] and replies == [b"1", b"2"]

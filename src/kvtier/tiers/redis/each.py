@@ -64,6 +64,9 @@ class _Share:
     node: str
     asking: bool
     indexes: list[int]
+    client: Any = None
+    """The node's redis-py client, held for the call: a client collected mid-call (a slot
+    map refresh replaced it) closes its pool, the connections in use included."""
     pool: Any = None
     conn: Any = None
     got: list[Reply] = field(default_factory=list)
@@ -111,7 +114,8 @@ def _connect(
     share: _Share, client: Callable[[str], Any], faults: Faults, failed: Failed
 ) -> None:
     try:
-        share.pool = client(share.node).connection_pool
+        share.client = client(share.node)
+        share.pool = share.client.connection_pool
         share.conn = checkout(share.pool)
     except faults.node as e:
         failed(share.node, e)
