@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +165,12 @@ def test_a_client_replaced_mid_call_keeps_its_replies(redis_server: RedisServer)
     object.__setattr__(each, "clients", clients)
     replies: list[Reply] = [None, None]
     failed: list[BaseException] = []
+    def run(jobs: Sequence[Callable[[], None]]) -> None:
+        for job in jobs:
+            job()
+
     run_each(each, {("first", False): [0], ("second", False): [1]}, clients.__getitem__,
-             lambda jobs: [job() for job in jobs], Faults((redis.RedisError, OSError),
+             run, Faults((redis.RedisError, OSError),
              redis.ResponseError), 2.0, lambda node: None,
              lambda node, error: failed.append(error), replies)
     assert "first" not in clients  # the client was dropped mid-call
