@@ -35,6 +35,7 @@ REDACTED = {
     f"rediss://h/0?ssl_password={PW}": "rediss://h/0?ssl_password=***",
     f"['redis://:{PW}@a:1', 'redis://:{PW}2@b:2']": "['redis://:***@a:1', 'redis://:***@b:2']",
     f"u:{PW}@host:7000": "u:***@host:7000",
+    "redis://kv://00@h:1/0": "redis://kv:***@h:1/0",  # a password that looks like a scheme
     "redis://user@host:6379/0": "redis://user@host:6379/0",
     "redis://host:6379/0?db=1&client_name=me": "redis://host:6379/0?db=1&client_name=me",
 }

@@ -51,8 +51,10 @@ _SECRET_WORDS = ("pass", "pwd", "token", "secret", "auth")
 """An option whose name (any case, percent-decoded) holds one of these is a secret."""
 _Fault = Callable[[str], ValueError]
 """Makes the ValueError of a bad URL from what is wrong with it."""
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
-"""Where a URL starts: the text from one to the next is that URL's (in a node list too)."""
+_SCHEME = re.compile(r"(?<![^\s'\"`()\[\]{}<>,;=])[A-Za-z][A-Za-z0-9+.\-]*://")
+"""Where a URL starts: the text from one to the next is that URL's (in a node list too). A
+scheme starts the text or follows a space, a quote, a bracket or a separator, never a
+letter, ``:`` or ``/``: in ``redis://kv://00@host`` the password is ``//00``."""
 _OPTION_NAME = re.compile(r"(?<=[?&#;])(?P<name>[^?&#;=\s'\"]*)=")
 """An option's ``name=``, in the query or (malformed) the fragment."""
 _VALUE_END = re.compile(r"[&;\s'\",\]]|$")
