@@ -7,8 +7,7 @@ scheduled position, a value that depends only on the tokens that position's KV d
 (``kv_value``), samples a fixed token stream, and reports back. Restored KV is therefore
 checked against what a cold computation writes (``check_restored``), not against itself.
 
-Needs vLLM, ``VLLM_TARGET_DEVICE=cpu`` and ``HF_HUB_OFFLINE=1`` (``make_vllm_config``
-writes a small local ``config.json``).
+Needs vLLM; sets ``VLLM_TARGET_DEVICE=cpu``, ``HF_HUB_OFFLINE=1`` (a local ``config.json``).
 """
 
 from __future__ import annotations
@@ -139,9 +138,10 @@ def make_kv_cache_config(groups: Sequence[SimGroup], num_blocks: int) -> KVCache
 
 def make_vllm_config(connector: str, extra: dict[str, Any], *, module_path: str | None,
                      block_size: int, num_blocks: int, max_model_len: int = 2048,
-                     spec: SpecStandIn | None = None,
-                     failure_policy: str = "recompute") -> VllmConfig:
-    """A ``VllmConfig`` over a tiny local Llama config, with ``connector`` configured."""
+                     spec: SpecStandIn | None = None, failure_policy: str = "recompute",
+                     cache: dict[str, Any] | None = None) -> VllmConfig:
+    """A ``VllmConfig`` over a tiny local Llama config, with ``connector`` configured;
+    ``cache``: more ``CacheConfig`` fields (e.g. ``mamba_cache_mode``)."""
     from transformers import LlamaConfig
 
     folder = tempfile.mkdtemp(prefix="kvtier-vllm-")
@@ -155,7 +155,8 @@ def make_vllm_config(connector: str, extra: dict[str, Any], *, module_path: str 
                                 kv_load_failure_policy=failure_policy)
     config = VllmConfig(
         model_config=model, device_config=DeviceConfig("cpu"), kv_transfer_config=transfer,
-        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True),
+        cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True,
+                                 **(cache or {})),
         scheduler_config=SchedulerConfig(
             max_model_len=max_model_len, is_encoder_decoder=False, max_num_seqs=16,
             max_num_batched_tokens=max_model_len, enable_chunked_prefill=True),
@@ -194,8 +195,8 @@ def kvtier_jobs_done(meta: Any) -> tuple[KVConnectorOutput, int]:
     done = {job.id: (1, True) for job in [*plan.loads, *plan.stores]}
     recving = {job.request_id for job in plan.loads}
     stored = sum(len(c.block_ids) for job in plan.stores for c in job.copies)
-    return KVConnectorOutput(finished_recving=recving,
-                             kv_connector_worker_meta=KvtierWorkerMetadata(done)), stored
+    meta = KvtierWorkerMetadata(done)
+    return KVConnectorOutput(finished_recving=recving, kv_connector_worker_meta=meta), stored
 
 
 @dataclass
@@ -214,20 +215,21 @@ class SimRequest:
 
 
 class VllmSim:
-    """A real ``Scheduler``, one worker-role connector and per-layer KV tensors."""
+    """A real ``Scheduler``, one worker-role connector and per-layer KV tensors; ``config``:
+    more ``make_vllm_config`` arguments (``max_model_len``, ``cache``)."""
 
     def __init__(self, groups: Sequence[SimGroup], connector: str, extra: dict[str, Any], *,
                  module_path: str | None = "kvtier.integrations.vllm", num_blocks: int = 256,
                  spec: SpecStandIn | None = None, worker: bool = True,
                  fault: Callable[[Any], None] | None = None, lookahead: int = 0,
-                 sync_transfers: bool = True,
+                 sync_transfers: bool = True, config: dict[str, Any] | None = None,
                  report: Callable[[Any], tuple[KVConnectorOutput, int]] | None = None) -> None:
         init_none_hash(sha256)
         self.groups = list(groups)
         self.block_size = max(g.block_size for g in groups)
         self.config = make_vllm_config(connector, extra, module_path=module_path,
                                        block_size=self.block_size, num_blocks=num_blocks,
-                                       spec=spec)
+                                       spec=spec, **(config or {}))
         self.kv_cache_config = make_kv_cache_config(groups, num_blocks)
         self.scheduler = Scheduler(self.config, self.kv_cache_config,
                                    StructuredOutputManager(self.config), self.block_size,
