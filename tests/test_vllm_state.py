@@ -22,9 +22,13 @@ class _Spec:
         self.block_size = block
 
 
+class MambaSpec(_Spec):
+    """Named as vLLM's: the default chunk reads the spec class's name."""
+
+
 class _G:
-    def __init__(self, block: int) -> None:
-        self.kv_cache_spec = _Spec(block)
+    def __init__(self, block: int, spec: type[_Spec] = _Spec) -> None:
+        self.kv_cache_spec = spec(block)
 
 
 @pytest.mark.parametrize("blocks,want", [([16], 256), ([16, 16], 256), ([1152, 1152], 1152),
@@ -33,6 +37,17 @@ def test_default_chunk_is_the_least_block_multiple_of_at_least_256(
     blocks: list[int], want: int
 ) -> None:
     assert default_chunk_tokens([_G(b) for b in blocks]) == want
+
+
+@pytest.mark.parametrize("blocks,want", [([80, 80], 80), ([144, 144], 144), ([16], 16),
+                                         ([1040, 1040], 1040), ([1152, 1152], 1152)])
+def test_with_a_mamba_group_the_default_chunk_is_one_block(blocks: list[int], want: int) -> None:
+    """vLLM keeps a prefill's state only at the last block boundary before its last token,
+    any multiple of the block size: a chunk of several blocks would store no state for most
+    prompts (Jamba's 80-token blocks: 320-token chunks hit nothing on a 280-token prompt
+    repeated, where native offloading hits 240; tests/vllm/test_vllm_hybrid_parity.py)."""
+    groups = [_G(blocks[0], MambaSpec), *(_G(b) for b in blocks[1:])]
+    assert default_chunk_tokens(groups) == want
 
 
 def _stored(sched: ConnectorScheduler, state: tuple[tuple[int, int, int], ...]

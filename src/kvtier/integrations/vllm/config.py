@@ -61,7 +61,8 @@ class KvtierOptions:
     ``s3fifo``, ``pfreq``); with a ``host`` section, its ``policy``."""
     chunk_tokens: int | None = None
     """Tokens per stored chunk; a multiple of every KV-cache group's block size. Default
-    (None): the smallest such multiple that is at least 256 (``default_chunk_tokens``)."""
+    (None): the smallest such multiple that is at least 256, or with a Mamba (recurrent-state)
+    group their least common multiple, one block (``default_chunk_tokens``)."""
     store: StoreWhat = "all"
     """``all``: store the prompt and the answer; ``prompt``: the prompt only."""
     tenant_salt: SaltSource = "cache_salt"

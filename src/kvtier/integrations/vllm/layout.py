@@ -83,20 +83,35 @@ def vllm_layout(
 
 
 MIN_CHUNK_TOKENS = 256
-"""The default chunk is the smallest multiple of every group's block size at least this long."""
+"""Without a state group, the default chunk is the smallest multiple of every group's block
+size at least this long."""
 
 
 def default_chunk_tokens(groups: Sequence[Any]) -> int:
-    """``chunk_tokens`` when the user gives none: the smallest multiple of every group's
-    block size that is at least ``MIN_CHUNK_TOKENS``, so that any model starts.
+    """``chunk_tokens`` when the user gives none, so that any model starts and never hits
+    less than vLLM's native offloading: the least common multiple of the groups' block
+    sizes, made at least ``MIN_CHUNK_TOKENS`` by a whole multiple unless a group is a Mamba
+    (recurrent-state) group.
 
-    Example: 16-token blocks -> 256; a Qwen3-Next-class model, whose recurrent-state and
-    attention groups vLLM gives 1152-token blocks (align mode) -> 1152; blocks of 96 and
-    128 -> 384.
+    Why one block with a state group: in align mode vLLM keeps a prefill's state only at
+    the last block boundary before its last token (any multiple of the block size), and a
+    state chunk is stored only where a state is kept at its end; with chunks of several
+    blocks most prompts would store no state and hit nothing, where native offloading (one
+    block per chunk) hits that boundary.
+
+    Examples: 16-token blocks -> 256; blocks of 96 and 128 -> 384; a Qwen3-Next-class
+    model, whose recurrent-state and attention groups vLLM gives 1152-token blocks (align
+    mode) -> 1152; a Jamba-class model's 80-token blocks -> 80 (not 320).
     """
     sizes = [int(g.kv_cache_spec.block_size) for g in groups] or [1]
     step = math.lcm(*sizes)
+    if any(_is_mamba(g.kv_cache_spec) for g in groups):
+        return step
     return -(-MIN_CHUNK_TOKENS // step) * step
+
+
+def _is_mamba(spec: Any) -> bool:
+    return any(cls.__name__ == "MambaSpec" for cls in type(spec).__mro__)
 
 
 def _group(index: int, group: Any, spec_decode: VllmSpecDecode, chunk_tokens: int) -> Group:
