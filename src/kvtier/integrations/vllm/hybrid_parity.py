@@ -48,6 +48,7 @@ from kvtier.integrations.vllm.testing import (
     kvtier_jobs_done,
     native_jobs_done,
 )
+from kvtier.presets import mamba2_state_bytes
 
 CONV_SHAPE, SSM_SHAPE = (3, 8), (4, 8)
 """The stand-in runner's state tensors per block (the hit does not depend on their size)."""
@@ -69,13 +70,14 @@ class MambaModel:
     head_dim: int = 128
 
     def state_bytes(self) -> int:
-        """``S``: conv state (bf16) plus SSM state, as vLLM's ``MambaStateShapeCalculator``."""
-        if self.family == "mamba1":
-            conv_dim, ssm = self.intermediate, self.intermediate * self.state_size
-        else:
-            conv_dim = self.intermediate + 2 * self.n_groups * self.state_size
-            ssm = self.ssm_heads * self.ssm_head_dim * self.state_size
-        return (self.conv_kernel - 1) * conv_dim * 2 + ssm * self.ssm_dtype_bytes
+        """``S``: conv state (bf16) plus SSM state, as vLLM's ``MambaStateShapeCalculator``
+        (Mamba1: conv over ``d_inner`` channels, SSM state ``d_inner x d_state``)."""
+        if self.family == "mamba2":
+            return mamba2_state_bytes(self.ssm_heads, self.ssm_head_dim, self.state_size,
+                                      self.n_groups, self.conv_kernel,
+                                      ssm_bytes=self.ssm_dtype_bytes)
+        ssm = self.intermediate * self.state_size * self.ssm_dtype_bytes
+        return (self.conv_kernel - 1) * self.intermediate * 2 + ssm
 
     def block_size(self, alignment: int = 16) -> int:
         """``B``, as vLLM's hybrid allocator picks it (module docstring)."""
