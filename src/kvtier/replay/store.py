@@ -93,11 +93,11 @@ class ReplayStore(TieredStore):
                     out[i] = tier.name
         return out
 
-    def hold(self, keys: list[ChunkKey]) -> LoadHandle | None:
+    def hold(self, keys: list[ChunkKey], where: list[str] | None = None) -> LoadHandle | None:
         """Pin the host-resident ``keys`` (safe from eviction; ``complete_load`` releases
         them and counts the use) and count a use of the others where they are, without
-        promoting them."""
-        where = self.locate(keys)
+        promoting them. ``where``: their ``locate``, when the caller has it already."""
+        where = self.locate(keys) if where is None else where
         self._count_below([k for k, w in zip(keys, where, strict=True) if w and w != HOST])
         host = [k for k, w in zip(keys, where, strict=True) if w == HOST]
         return self.host.prepare_load(host) if host else None
