@@ -54,12 +54,23 @@ class ChunkBinder:
     def live(self, pending: Iterable[tuple[int, int]], table: BlockTable) -> list[LiveChunk]:
         """The planned chunks whose blocks the engine still holds, in order."""
         out, runs, whole = [], self._runs, self._whole
+        # rows that are ranges from 0 up (the replay's tables) hold every id: no checks
+        rows = [row for row in table if isinstance(row, range) and row.start >= 0
+                and row.step == 1] if len(table) == len(whole) else []
+        counting = len(rows) == len(whole)
         for gi, chunk in pending:
             bpc = whole[gi]
             if bpc:
                 first, num, rel = chunk * bpc, bpc, 0
             else:
                 first, num, rel = runs.get((gi, chunk)) or self._run(gi, chunk)
+            if counting and num > 0:
+                row = rows[gi]
+                if first + num > len(row):
+                    continue
+                start = row[first]
+                out.append(LiveChunk(gi, chunk, rel, tuple(range(start, start + num))))
+                continue
             ids = block_ids_at(table, gi, first, num)
             if ids is not None:
                 out.append(LiveChunk(gi, chunk, rel, ids))

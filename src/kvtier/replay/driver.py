@@ -179,8 +179,8 @@ class Driver:
     ) -> None:
         """Hold the cached chunks not loaded, store the rest in order, release."""
         where = self.store.locate(refs.keys)
-        held = [k for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
-        hold = self.store.hold(held) if held else None
+        held = [(k, w) for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
+        hold = self.store.hold([k for k, _ in held], [w for _, w in held]) if held else None
         stream = self._streams.pop(rid)
         if refs.store_tokens > refs.num_prompt:
             self.planner.append_tokens(rid, stream[refs.num_prompt : refs.store_tokens])

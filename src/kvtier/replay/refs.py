@@ -43,11 +43,11 @@ STORE_SCOPES: tuple[str, ...] = ("blocks", "prompt")
 
 def token_stream(hash_ids: tuple[int, ...], block_tokens: int) -> npt.NDArray[np.uint32]:
     """``block_tokens`` tokens per id: its low and high 32-bit halves, alternating."""
-    ids = np.asarray(hash_ids, dtype=np.uint64)
-    pair = np.stack([ids & np.uint64(0xFFFFFFFF), ids >> np.uint64(32)], axis=1)
+    ids = np.asarray(hash_ids, dtype="<u8")  # little-endian: its 32-bit halves low first
     reps = -(-block_tokens // 2)
-    fill = np.tile(pair.astype(np.uint32), (1, reps)).reshape(len(ids), -1)[:, :block_tokens]
-    return fill.reshape(-1)
+    fill = np.empty((len(ids), reps, 2), dtype=np.uint32)
+    fill[:] = ids.view("<u4").reshape(len(ids), 1, 2)
+    return fill.reshape(len(ids), 2 * reps)[:, :block_tokens].reshape(-1)
 
 
 def replay_namespace(layout: Layout) -> Namespace:

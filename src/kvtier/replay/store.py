@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 from kvtier.keys import ChunkKey
 from kvtier.store import ChunkStore, LoadHandle, Policy
-from kvtier.store.results import checked_keys
+from kvtier.store.results import ChunkState, checked_keys
 from kvtier.tiers.lower import LowerTier
 from kvtier.tiers.tiered import Placement, TieredStore
 
@@ -83,7 +83,8 @@ class ReplayStore(TieredStore):
         (absent, or not readable yet); changes nothing."""
         ks = checked_keys(keys)
         self.flush(timeout_s=60.0)
-        out = [HOST if s.readable else "" for s in self.host.lookup(ks)]
+        ready, pinned = ChunkState.READY, ChunkState.PINNED  # readable, by identity
+        out = [HOST if s is ready or s is pinned else "" for s in self.host.lookup(ks)]
         for tier in self.lower:
             rest = [i for i, w in enumerate(out) if not w]
             if not rest:
@@ -93,11 +94,11 @@ class ReplayStore(TieredStore):
                     out[i] = tier.name
         return out
 
-    def hold(self, keys: list[ChunkKey]) -> LoadHandle | None:
+    def hold(self, keys: list[ChunkKey], where: list[str] | None = None) -> LoadHandle | None:
         """Pin the host-resident ``keys`` (safe from eviction; ``complete_load`` releases
         them and counts the use) and count a use of the others where they are, without
-        promoting them."""
-        where = self.locate(keys)
+        promoting them. ``where``: their ``locate``, when the caller has it already."""
+        where = self.locate(keys) if where is None else where
         self._count_below([k for k, w in zip(keys, where, strict=True) if w and w != HOST])
         host = [k for k, w in zip(keys, where, strict=True) if w == HOST]
         return self.host.prepare_load(host) if host else None

@@ -121,16 +121,21 @@ class EventCounts:
     {'stored': 1, 'evicted': 0}
     """
 
+    __slots__ = ("_evicted", "_stored")
+
     def __init__(self) -> None:
-        self._counts = dict.fromkeys(EventKind, 0)
+        self._stored = self._evicted = 0
 
     def __call__(self, event: StoreEvent) -> None:
-        self._counts[event.kind] += 1
+        kind = event.kind  # compared by identity: an enum's hash is a Python call
+        if kind is EventKind.STORED:
+            self._stored += 1
+        elif kind is EventKind.EVICTED:
+            self._evicted += 1
 
     def fields(self) -> dict[str, int]:
         """As ``TierStats`` fields (a removal on request counts nowhere)."""
-        return {"stored": self._counts[EventKind.STORED],
-                "evicted": self._counts[EventKind.EVICTED]}
+        return {"stored": self._stored, "evicted": self._evicted}
 
 
 def _ratio(a: float, b: float) -> float:

@@ -136,6 +136,9 @@ class TieredStore:
         self._down = WriteDown(self.lower, write_policy, self.backend, self.lock,
                                self._background)
         self._watchers: list[Promoted] = []
+        self._due = EventKind.EVICTED if write_policy == "write-back" else EventKind.STORED
+        """The event that sends a chunk's bytes down (module docstring)."""
+        self._zeroed = self.backend.slot_bytes > 0  # a freed slot has bytes to zero
         host.subscribe(self._on_host_event)
 
     @classmethod
@@ -351,11 +354,11 @@ class TieredStore:
     def _on_host_event(self, event: StoreEvent) -> None:
         """Host subscriber, under the host lock: copy bytes that must go down now, while the
         slot still holds them (module docstring)."""
-        due = EventKind.EVICTED if self.write_policy == "write-back" else EventKind.STORED
-        if event.kind is due and self.lower and event.key not in self._fetching:
+        kind = event.kind
+        if kind is self._due and self.lower and event.key not in self._fetching:
             self._down.copy(event.key, event.slot)
             self._absent_until.pop(event.key, None)  # going down: worth fetching again
-        if event.kind is not EventKind.STORED:
+        if kind is not EventKind.STORED and self._zeroed:
             self._down.clear(event.slot)  # freed: none of its bytes may go down with the next
 
     # ---- observing, waiting, closing ---------------------------------------------------

@@ -50,6 +50,7 @@ all three are remembered; add d, e: generation 2 is full with c, d and e starts 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Hashable, Iterable, Sequence
 
 from kvtier.store.policies.cells import Cells, map_cells, max_cell, new_cells, settle
@@ -59,6 +60,26 @@ CELLS_PER_KEY = 32
 HASHES = 3
 """Cells stamped per key, each picked by its own bits of the key's mixed hash."""
 _MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing: spreads small-int hashes over many bits
+_MASK = (1 << 64) - 1
+_HALVES = struct.Struct("<QQ")  # a chunk key's group tag and the first 8 bytes of its digest
+
+
+def stable_hash(key: object) -> int:
+    """A hash of ``key`` that is the same in every process: for a chunk key (bytes of 16 or
+    more), its tag mixed with 8 bytes of its digest (``kvtier.store.admission``'s
+    fingerprint), so that a policy's approximate answers (a false positive here, a sketch's
+    collision) do not change with Python's per-process salt of ``hash(bytes)``; for any
+    other key, ``hash``.
+
+    >>> stable_hash(bytes(8) + bytes([1]) + bytes(31)), stable_hash(7)
+    (1, 7)
+    """
+    if type(key) is bytes and len(key) >= 16:
+        tag, digest = _HALVES.unpack_from(key)
+        return (tag * _MIX ^ digest) & _MASK
+    return hash(key)
+
+
 _LAST_GENERATION = 127
 """Codes are ``generation * 2 + mark`` in a byte; generation 0 means never stamped."""
 _SAME = bytes(range(256))
@@ -89,7 +110,7 @@ class GhostFilter:
         self._adds = 0  # adds into the current generation
 
     def _cells_of(self, key: object) -> tuple[int, int, int]:
-        h = hash(key) * _MIX
+        h = stable_hash(key) * _MIX
         mask, s = self._mask, self._shift
         return h & mask, h >> s & mask, h >> 2 * s & mask
 
@@ -109,7 +130,7 @@ class GhostFilter:
                 self._rotate()
                 counts, code0, adds = self._counts[0], 2 * self._gen, 0
             code = code0 + mark
-            h = hash(key) * _MIX  # as in _cells_of, inlined: the hot loop
+            h = stable_hash(key) * _MIX  # as in _cells_of, inlined: the hot loop
             i, j, k = h & mask, h >> s & mask, h >> s2 & mask
             if mark or not counts[1]:  # no cell holds a larger code yet: just stamp
                 cells[i] = cells[j] = cells[k] = code
@@ -136,7 +157,7 @@ class GhostFilter:
         floor, current = self._floor, 2 * self._gen  # the smallest codes remembered, and current
         found = []
         for key in keys:
-            h = hash(key) * _MIX  # as in _cells_of, inlined: the hot loop
+            h = stable_hash(key) * _MIX  # as in _cells_of, inlined: the hot loop
             low = cells[h & mask]
             if low < floor:  # most keys asked about are not ghosts: one cell says so
                 continue

@@ -53,7 +53,7 @@ from mypy_extensions import mypyc_attr
 
 from kvtier.store.policies.base import Keys, Policy
 from kvtier.store.policies.cells import Cells, map_cells, new_cells, settle
-from kvtier.store.policies.ghost import GhostFilter
+from kvtier.store.policies.ghost import GhostFilter, stable_hash
 from kvtier.store.policies.slots import SlotTable
 
 BONUS = (0, 0, 1, 4)
@@ -83,7 +83,7 @@ class FrequencySketch:
         self._added = 0
 
     def estimate(self, key: Hashable) -> int:
-        h, mask, counts = hash(key), self._mask, self._counts
+        h, mask, counts = stable_hash(key), self._mask, self._counts
         return min(counts[h & mask], counts[mask + 1 + ((h >> 20) & mask)])
 
     def frequent(self, keys: Iterable[Hashable]) -> list[int]:
@@ -91,7 +91,7 @@ class FrequencySketch:
         mask, counts = self._mask, self._counts
         return [
             int(counts[h & mask] >= 2 and counts[mask + 1 + ((h >> 20) & mask)] >= 2)
-            for h in map(hash, keys)
+            for h in map(stable_hash, keys)
         ]
 
     def add(self, key: Hashable) -> int:
@@ -103,7 +103,7 @@ class FrequencySketch:
         counts, mask, out = self._counts, self._mask, []
         added, window = self._added, self._window
         for key in keys:
-            h = hash(key)
+            h = stable_hash(key)
             i, j = h & mask, mask + 1 + ((h >> 20) & mask)
             ci, cj = counts[i], counts[j]
             f = (ci if ci < cj else cj) + 1
