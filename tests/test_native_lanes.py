@@ -1,6 +1,6 @@
 """``kvtier._native.copy_lanes`` (one transfer batch per call, its byte ranges computed from
-engine block ids) and ``block_order`` (the order it takes the blocks in), against the
-Python they stand for. Skipped in the pure build, as tests/test_native.py."""
+the batch's blocks) and ``sorted_blocks`` (those blocks, in the order it takes them), against
+the Python they stand for. Skipped in the pure build, as tests/test_native.py."""
 
 from __future__ import annotations
 
@@ -15,17 +15,28 @@ FIELDS = 6  # kv_base, kv_step, slot_base, slot_step, length, positions
 
 
 @pytest.mark.parametrize(("n", "bound"), [(0, 5), (1, 1), (40, 50), (40, 10_000), (500, 64)])
-def test_block_order_is_a_stable_sort(n: int, bound: int) -> None:
-    """Dense ids (a counting sort) and sparse ones (a merge sort), repeats included."""
-    ids = np.random.default_rng(n + bound).integers(0, bound, n).astype(np.int64)
-    got = np.frombuffer(_native.block_order(ids, bound), np.int64)
-    np.testing.assert_array_equal(got, np.argsort(ids, kind="stable"))
+def test_sorted_blocks_are_a_stable_sort_with_slot_and_position(n: int, bound: int) -> None:
+    """Dense ids (a counting sort) and sparse ones (a merge sort), repeats included: each
+    block's id, its copy's slot address and its position, by id."""
+    copies = 5 if n % 5 == 0 else 1
+    rng = np.random.default_rng(n + bound)
+    ids = rng.integers(0, bound, n).astype(np.int64)
+    ptrs = rng.integers(0, 2**40, copies).astype(np.int64)
+    got = np.frombuffer(_native.sorted_blocks(ids, ptrs, bound), np.int64).reshape(-1, 3)
+    order = np.argsort(ids, kind="stable")
+    want = np.stack([ids[order], ptrs[order % copies], order // copies], axis=1)
+    np.testing.assert_array_equal(got, want.reshape(-1, 3))
 
 
-def test_block_order_refuses_ids_outside_the_bound() -> None:
+def test_sorted_blocks_refuses_ids_outside_the_bound_or_a_ragged_batch() -> None:
+    ptrs = np.zeros(1, np.int64)
     for bad in ([3, 10], [-1, 2]):
         with pytest.raises(ValueError, match="outside"):
-            _native.block_order(np.array(bad, np.int64), 10)
+            _native.sorted_blocks(np.array(bad, np.int64), ptrs, 10)
+    with pytest.raises(ValueError, match="blocks x copies"):
+        _native.sorted_blocks(np.arange(3, dtype=np.int64), np.zeros(2, np.int64), 10)
+    with pytest.raises(ValueError, match="blocks x copies"):
+        _native.sorted_blocks(np.arange(3, dtype=np.int64), np.zeros(0, np.int64), 10)
 
 
 class Batch:
@@ -54,12 +65,12 @@ class Batch:
         if run_lane:  # a one-piece layer of a consecutive batch: lanes == 1, rows contiguous
             self.table[0] = (base, row, 0, 0, blocks * width, 1)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         ids = self.ids.reshape(-1)
         ptrs = int(self.slots.ctypes.data) + np.arange(len(self.slots), dtype=np.int64) \
             * self.slots.shape[1]
-        order = np.frombuffer(_native.block_order(ids, self.num_blocks), np.int64)
-        return ids, ptrs, order, self.table.reshape(-1)
+        blocks = np.frombuffer(_native.sorted_blocks(ids, ptrs, self.num_blocks), np.int64)
+        return blocks, self.table.reshape(-1)
 
     def expected(self, to_kv: bool) -> tuple[np.ndarray, np.ndarray]:
         """The KV buffer and slots after the batch, moved one block at a time in Python."""
@@ -79,7 +90,8 @@ class Batch:
 
 @pytest.mark.parametrize("to_kv", [False, True])
 @pytest.mark.parametrize(("copies", "blocks", "lanes", "width"),
-                         [(1, 1, 1, 8), (5, 4, 3, 256), (17, 3, 2, 1000), (64, 4, 4, 1024)])
+                         [(1, 1, 1, 8), (5, 4, 3, 256), (17, 3, 2, 1000), (64, 4, 4, 1024),
+                          (700, 4, 2, 64)])  # 5,600 ranges: several tables of ranges
 def test_copy_lanes_moves_what_block_copies_move(to_kv: bool, copies: int, blocks: int,
                                                  lanes: int, width: int) -> None:
     batch = Batch(copies, blocks, lanes, width, 2 * copies * blocks + 3, seed=copies * width)
@@ -117,22 +129,20 @@ def test_threads_sharing_a_cursor_move_every_block_once(threads: int, grain: int
 
 
 def test_bad_copy_lanes_arguments_are_clear_errors() -> None:
-    ids, ptrs, order, lanes = Batch(4, 2, 2, 64, 20, seed=1).arrays()  # 8 ids
+    blocks, lanes = Batch(4, 2, 2, 64, 20, seed=1).arrays()  # 8 blocks
+    field = np.arange(len(lanes)) % FIELDS
     for args, says in [
-        ((ids, ptrs, order[:-1], lanes), "order and ids differ in length"),
-        ((ids, ptrs, order, lanes[:-1]), "6 int64 fields per lane"),
-        ((ids, ptrs[:3], order, lanes), "blocks x copies"),  # 8 ids over 3 copies
-        ((ids, ptrs[:0], order, lanes), "blocks x copies"),
-        ((ids, ptrs, np.full_like(order, len(order)), lanes), "order must index ids"),
-        ((ids, ptrs, order, np.where(np.arange(len(lanes)) % FIELDS == 5, 3, lanes)),
-         "more positions than blocks"),
-        ((ids, ptrs, order, np.where(np.arange(len(lanes)) % FIELDS == 4, -1, lanes)),
-         "negative length"),
-        ((ids.astype(np.int32), ptrs, order, lanes), "8-byte integers"),
+        ((blocks[:-1], lanes), "3 int64 fields per block"),
+        ((blocks, lanes[:-1]), "6 int64 fields per lane"),
+        ((np.where(np.arange(len(blocks)) % 3 == 2, -1, blocks), lanes), "negative id or "
+         "position"),
+        ((blocks, np.where(field == 5, -1, lanes)), "negative length or positions"),
+        ((blocks, np.where(field == 4, -1, lanes)), "negative length"),
+        ((blocks.astype(np.int32), lanes), "8-byte integers"),
     ]:
         with pytest.raises(ValueError, match=says):
             _native.copy_lanes(True, *args)
     with pytest.raises(ValueError, match="grain must be at least 1"):
-        _native.copy_lanes(True, ids, ptrs, order, lanes, np.zeros(1, np.int64), 0)
+        _native.copy_lanes(True, blocks, lanes, np.zeros(1, np.int64), 0)
     with pytest.raises(ValueError, match="cursor must be one aligned"):
-        _native.copy_lanes(True, ids, ptrs, order, lanes, np.zeros(2, np.int64), 1)
+        _native.copy_lanes(True, blocks, lanes, np.zeros(2, np.int64), 1)
