@@ -146,3 +146,31 @@ def test_bad_copy_lanes_arguments_are_clear_errors() -> None:
         _native.copy_lanes(True, blocks, lanes, np.zeros(1, np.int64), 0)
     with pytest.raises(ValueError, match="cursor must be one aligned"):
         _native.copy_lanes(True, blocks, lanes, np.zeros(2, np.int64), 1)
+
+
+def test_read_copies_reads_what_python_reads() -> None:
+    """Every copy's group, first block, block count, slot row and block ids, as int64; the
+    slots flagged as not all rows when one is a buffer or past int64 (its entry 0); None
+    where a field is not a ChunkCopy's (a numpy group: Python then reads it)."""
+    from kvtier.transfer import ChunkCopy
+
+    copies = [ChunkCopy(1, 7, (5, 2, 9)), ChunkCopy(0, 3, (4,), first_block=2),
+              ChunkCopy(2, 2**40, (2**40, 0))]
+    table, ints = _native.read_copies(copies)
+    got = np.frombuffer(table, np.int64)
+    np.testing.assert_array_equal(got, [1, 0, 2, 0, 2, 0, 3, 1, 2, 7, 3, 2**40,
+                                        5, 2, 9, 4, 2**40, 0])
+    assert ints
+    buffer = np.zeros(8, np.uint8)
+    for odd in (buffer, 2**70, -1):
+        table, ints = _native.read_copies([*copies, ChunkCopy(0, odd, (1,))])
+        assert not ints and np.frombuffer(table, np.int64)[3 * 4 + 3] == 0
+    weird = ChunkCopy(0, 1, (1,))
+    object.__setattr__(weird, "group", np.int64(0))
+    assert _native.read_copies([weird]) is None
+    object.__setattr__(weird, "group", 0)
+    object.__setattr__(weird, "block_ids", [1])  # not a tuple
+    assert _native.read_copies([weird]) is None
+    assert _native.read_copies([object()]) is None
+    table, ints = _native.read_copies([])
+    assert len(table) == 0 and ints

@@ -33,6 +33,11 @@ from kvtier.transfer.copies import ChunkCopy, Direction
 from kvtier.transfer.slots import slot_addresses
 from kvtier.transfer.views import GroupView
 
+try:  # the compiled build reads a job's copies in one C pass (setup.py, NATIVE)
+    from kvtier import _native
+except ImportError:  # the pure build: numpy over Python iterators
+    _native = None  # type: ignore[assignment]
+
 T = TypeVar("T")
 _GROUP = operator.attrgetter("group")
 _FIRST = operator.attrgetter("first_block")
@@ -92,7 +97,9 @@ class Batch:
 
 @dataclass(frozen=True)
 class _Table:
-    """A job's copies as arrays: one entry per copy, block ids flat (``starts`` into them)."""
+    """A job's copies as arrays: one entry per copy, block ids flat (``starts`` into them).
+    ``rows``: every copy's slot as a slab row index, where the compiled build read them all
+    as ints (else None: :func:`~kvtier.transfer.slots.slot_addresses` reads the slots)."""
 
     copies: Sequence[ChunkCopy]
     groups: np.ndarray
@@ -100,10 +107,18 @@ class _Table:
     counts: np.ndarray
     starts: np.ndarray
     ids: np.ndarray
+    rows: np.ndarray | None = None
 
     @classmethod
     def of(cls, copies: Sequence[ChunkCopy]) -> _Table:
         n = len(copies)
+        read = _native.read_copies(copies) if _native is not None \
+            and isinstance(copies, list) else None
+        if read is not None:  # one C pass over the copies (4,096 copies: ~0.2 ms, not ~1.4)
+            flat = np.frombuffer(read[0], np.int64)
+            counts = flat[2 * n : 3 * n]
+            return cls(copies, flat[:n], flat[n : 2 * n], counts, np.cumsum(counts) - counts,
+                       flat[4 * n :], flat[3 * n : 4 * n] if read[1] else None)
         id_tuples = list(map(_IDS, copies))
         counts = np.fromiter(map(len, id_tuples), np.int64, n)
         ids = np.fromiter(itertools.chain.from_iterable(id_tuples), np.int64, int(counts.sum()))
@@ -152,7 +167,7 @@ def plan_job(
     if bad is not None:
         _check_copy(views, bad, copies[bad])
     need = np.array([v.chunk_bytes for v in views], np.int64)[table.groups]
-    slots, ptrs = slot_addresses(list(map(_SLOT, copies)), need, slab)
+    slots, ptrs = slot_addresses(list(map(_SLOT, copies)), need, slab, table.rows)
     if direction == "store":
         _check_slots_distinct(views, table, ptrs)
     else:
@@ -224,8 +239,16 @@ def _check_slots_distinct(views: Sequence[GroupView], table: _Table, ptrs: np.nd
 def _check_blocks_distinct(views: Sequence[GroupView], table: _Table) -> None:
     """A load writes each engine block once."""
     span = max(v.num_blocks for v in views)
-    keys = np.sort(np.repeat(table.groups, table.counts) * span + table.ids)
-    if (keys[1:] == keys[:-1]).any():
+    keys = np.repeat(table.groups, table.counts) * span + table.ids  # first_bad: in range
+    size = len(views) * span
+    if size <= 64 * len(keys) + (1 << 20):  # a mark per block: a fifth of a sort's time
+        seen = np.zeros(size, np.bool_)
+        seen[keys] = True
+        repeated = bool(np.count_nonzero(seen) < len(keys))
+    else:
+        keys = np.sort(keys)
+        repeated = bool((keys[1:] == keys[:-1]).any())
+    if repeated:
         blocks = ((c.group, b) for c in table.copies for b in c.block_ids)
         dup = _first_repeat(blocks)
         assert dup is not None
