@@ -149,22 +149,28 @@ def test_bad_copy_lanes_arguments_are_clear_errors() -> None:
 
 
 def test_read_copies_reads_what_python_reads() -> None:
-    """Every copy's group, first block, block count, slot row and block ids, as int64; the
-    slots flagged as not all rows when one is a buffer or past int64 (its entry 0); None
-    where a field is not a ChunkCopy's (a numpy group: Python then reads it)."""
+    """Every copy's group, first block, block count, slot row, whether its ids are
+    consecutive, and its block ids, as int64, and the slots themselves; the slots flagged
+    as not all rows when one is a buffer, negative or past int64 (its entry 0); None where
+    a field is not a ChunkCopy's (a numpy group: Python then reads it). A subclass's copies
+    (fields read by getattr) read the same."""
     from kvtier.transfer import ChunkCopy
 
-    copies = [ChunkCopy(1, 7, (5, 2, 9)), ChunkCopy(0, 3, (4,), first_block=2),
-              ChunkCopy(2, 2**40, (2**40, 0))]
-    table, ints = _native.read_copies(copies)
-    got = np.frombuffer(table, np.int64)
-    np.testing.assert_array_equal(got, [1, 0, 2, 0, 2, 0, 3, 1, 2, 7, 3, 2**40,
-                                        5, 2, 9, 4, 2**40, 0])
-    assert ints
+    class Named(ChunkCopy):
+        __slots__ = ()
+
     buffer = np.zeros(8, np.uint8)
-    for odd in (buffer, 2**70, -1):
-        table, ints = _native.read_copies([*copies, ChunkCopy(0, odd, (1,))])
-        assert not ints and np.frombuffer(table, np.int64)[3 * 4 + 3] == 0
+    for kind in (ChunkCopy, Named):
+        copies = [kind(1, 7, (5, 2, 9)), kind(0, 3, (4,), first_block=2),
+                  kind(2, 2**40, (2**40, 2**40 + 1))]
+        table, ints, slots = _native.read_copies(copies)
+        np.testing.assert_array_equal(np.frombuffer(table, np.int64), [
+            1, 0, 2, 0, 2, 0, 3, 1, 2, 7, 3, 2**40, 0, 1, 1, 5, 2, 9, 4, 2**40, 2**40 + 1])
+        assert ints and slots == [7, 3, 2**40]
+        for odd in (buffer, 2**70, -1):
+            table, ints, slots = _native.read_copies([*copies, kind(0, odd, (1,))])
+            assert not ints and np.frombuffer(table, np.int64)[3 * 4 + 3] == 0
+            assert slots[3] is odd
     weird = ChunkCopy(0, 1, (1,))
     object.__setattr__(weird, "group", np.int64(0))
     assert _native.read_copies([weird]) is None
@@ -172,5 +178,5 @@ def test_read_copies_reads_what_python_reads() -> None:
     object.__setattr__(weird, "block_ids", [1])  # not a tuple
     assert _native.read_copies([weird]) is None
     assert _native.read_copies([object()]) is None
-    table, ints = _native.read_copies([])
-    assert len(table) == 0 and ints
+    table, ints, slots = _native.read_copies([])
+    assert len(table) == 0 and ints and slots == []

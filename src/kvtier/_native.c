@@ -32,12 +32,14 @@
  *                             [0, bound), else a merge sort.
  *
  *   read_copies(copies)       A job's copies (a list of kvtier.transfer.ChunkCopy) read in one
- *                             pass: (table, slots_are_ints), the table a bytearray of int64:
- *                             every copy's group, then every first_block, every block count,
- *                             every slot (0 where it is not a row index in int64: then
- *                             slots_are_ints is false), then every block id
- *                             in copy order; None where a field is not what a ChunkCopy holds
- *                             (the caller then reads them in Python, which says what is wrong).
+ *                             pass (_native_plan.c): (table, slots_are_ints, slots), the table
+ *                             a bytearray of int64: every copy's group, then every
+ *                             first_block, every block count, every slot (0 where it is not
+ *                             a row index in int64: then slots_are_ints is false), whether
+ *                             each copy's block ids are consecutive (1 or 0), then every block
+ *                             id in copy order; slots the list of the copies' slots. None
+ *                             where a field is not what a ChunkCopy holds (the caller then
+ *                             reads the copies in Python, which says what is wrong).
  *
  *   cpu()                     The CPU the calling thread runs on (sched_getcpu), or -1
  *                             where the system cannot say.
@@ -201,85 +203,6 @@ native_prefixed(PyObject *self, PyObject *args)
     return out;
 }
 
-/* An int field of a copy as int64; 0 with no exception set where it is not one that fits. */
-static int
-int_field(PyObject *obj, PyObject *name, int64_t *out)
-{
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL)
-        return 0;
-    int ok = PyLong_Check(v);
-    *out = ok ? PyLong_AsLongLong(v) : 0;
-    Py_DECREF(v);
-    if (ok && *out == -1 && PyErr_Occurred())
-        ok = 0;
-    PyErr_Clear();
-    return ok;
-}
-
-static PyObject *
-native_read_copies(PyObject *self, PyObject *args)
-{
-    static PyObject *names[4]; /* group, first_block, slot, block_ids */
-    PyObject *copies;
-    if (!PyArg_ParseTuple(args, "O!:read_copies", &PyList_Type, &copies))
-        return NULL;
-    if (names[0] == NULL) {
-        const char *text[4] = {"group", "first_block", "slot", "block_ids"};
-        for (int k = 0; k < 4; k++)
-            if ((names[k] = PyUnicode_InternFromString(text[k])) == NULL)
-                return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(copies), total = 0, cap = 4 * n + 16;
-    int64_t *cols = PyMem_Malloc((size_t)(4 * n + 1) * 8), *ids = PyMem_Malloc((size_t)cap * 8);
-    int ints = 1, ok = cols != NULL && ids != NULL;
-    for (Py_ssize_t i = 0; ok && i < n; i++) {
-        PyObject *copy = PyList_GET_ITEM(copies, i);
-        ok = int_field(copy, names[0], &cols[i]) && int_field(copy, names[1], &cols[n + i]);
-        PyObject *slot = ok ? PyObject_GetAttr(copy, names[2]) : NULL;
-        ok = slot != NULL;
-        cols[3 * n + i] = ok && PyLong_CheckExact(slot) ? PyLong_AsLongLong(slot) : -1;
-        if (ok && cols[3 * n + i] == -1) { /* a buffer, an index past int64, or no row */
-            PyErr_Clear();
-            ints = 0, cols[3 * n + i] = 0;
-        }
-        Py_XDECREF(slot);
-        PyObject *t = ok ? PyObject_GetAttr(copy, names[3]) : NULL;
-        ok = t != NULL && PyTuple_CheckExact(t);
-        Py_ssize_t m = ok ? PyTuple_GET_SIZE(t) : 0;
-        if (ok && total + m > cap) {
-            cap = 2 * (total + m);
-            int64_t *more = PyMem_Realloc(ids, (size_t)cap * 8);
-            ok = more != NULL;
-            ids = more != NULL ? more : ids;
-        }
-        for (Py_ssize_t k = 0; ok && k < m; k++) {
-            PyObject *b = PyTuple_GET_ITEM(t, k);
-            ok = PyLong_CheckExact(b);
-            ids[total + k] = ok ? PyLong_AsLongLong(b) : 0;
-            ok = ok && !(ids[total + k] == -1 && PyErr_Occurred());
-        }
-        Py_XDECREF(t);
-        cols[2 * n + i] = m;
-        total += m;
-    }
-    PyObject *out = ok ? PyByteArray_FromStringAndSize(NULL, (4 * n + total) * 8) : NULL;
-    if (out != NULL) {
-        memcpy(PyByteArray_AS_STRING(out), cols, (size_t)(4 * n) * 8);
-        memcpy(PyByteArray_AS_STRING(out) + 4 * n * 8, ids, (size_t)total * 8);
-    }
-    int no_memory = cols == NULL || ids == NULL || (ok && out == NULL);
-    PyMem_Free(cols);
-    PyMem_Free(ids);
-    if (no_memory)
-        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
-    if (!ok) { /* not what a ChunkCopy holds: the caller reads the copies in Python */
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    return Py_BuildValue("(NO)", out, ints ? Py_True : Py_False);
-}
-
 static PyMethodDef methods[] = {
     {"copy", native_copy, METH_VARARGS,
      "copy(dst, src, lengths[, cursor, grain]): batched memcpy over int64 address arrays "
@@ -291,7 +214,7 @@ static PyMethodDef methods[] = {
      "sorted_blocks(ids, ptrs, bound) -> bytearray of int64 (id, slot, position) triples, "
      "by engine block id."},
     {"read_copies", native_read_copies, METH_VARARGS,
-     "read_copies(copies) -> (table, slots_are_ints) or None: a job's copies as int64."},
+     "read_copies(copies) -> (table, slots_are_ints, slots) or None: a job's copies as int64."},
     {"cpu", native_cpu, METH_NOARGS,
      "cpu() -> int: the CPU the calling thread runs on, or -1 where unknown."},
     {"sha256_start", native_sha256_start, METH_VARARGS,
