@@ -91,7 +91,8 @@ class Batch:
 @pytest.mark.parametrize("to_kv", [False, True])
 @pytest.mark.parametrize(("copies", "blocks", "lanes", "width"),
                          [(1, 1, 1, 8), (5, 4, 3, 256), (17, 3, 2, 1000), (64, 4, 4, 1024),
-                          (700, 4, 2, 64)])  # 5,600 ranges: several tables of ranges
+                          (700, 4, 2, 64),  # 5,600 ranges: several tables of ranges
+                          (9, 3, 2, 4100), (3, 2, 1, 70_000)])  # long ranges: the walk
 def test_copy_lanes_moves_what_block_copies_move(to_kv: bool, copies: int, blocks: int,
                                                  lanes: int, width: int) -> None:
     batch = Batch(copies, blocks, lanes, width, 2 * copies * blocks + 3, seed=copies * width)
@@ -101,19 +102,22 @@ def test_copy_lanes_moves_what_block_copies_move(to_kv: bool, copies: int, block
     np.testing.assert_array_equal(batch.slots, want_slots)
 
 
+@pytest.mark.parametrize("width", [300, 1500], ids=["by-tables", "by-the-walk"])
 @pytest.mark.parametrize("to_kv", [False, True])
-def test_a_run_lane_moves_each_copys_blocks_as_one_range(to_kv: bool) -> None:
-    batch = Batch(6, 4, 1, 300, 40, seed=3, run_lane=True)
+def test_a_run_lane_moves_each_copys_blocks_as_one_range(to_kv: bool, width: int) -> None:
+    batch = Batch(6, 4, 1, width, 40, seed=3, run_lane=True)  # ranges of 4 x width bytes
     want_kv, want_slots = batch.expected(to_kv)
     _native.copy_lanes(to_kv, *batch.arrays())
     np.testing.assert_array_equal(batch.kv, want_kv)
     np.testing.assert_array_equal(batch.slots, want_slots)
 
 
+@pytest.mark.parametrize("width", [512, 4096], ids=["by-tables", "by-the-walk"])
 @pytest.mark.parametrize("grain", [1, 5, 10_000])
 @pytest.mark.parametrize("threads", [2, 4])
-def test_threads_sharing_a_cursor_move_every_block_once(threads: int, grain: int) -> None:
-    batch = Batch(40, 4, 3, 512, 200, seed=threads + grain)
+def test_threads_sharing_a_cursor_move_every_block_once(threads: int, grain: int,
+                                                        width: int) -> None:
+    batch = Batch(40, 4, 3, width, 200, seed=threads + grain)
     want_kv, want_slots = batch.expected(False)
     cursor = np.zeros(1, np.int64)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:

@@ -18,7 +18,7 @@ enum { B_ID, B_SLOT, B_POS, BLOCK_FIELDS };
 typedef struct {
     const int64_t *blocks, *lanes;
     Py_ssize_t n, nlanes;
-    int to_kv;
+    int to_kv, tables; /* tables: every lane's ranges are short (TABLE_BELOW) */
 } Lanes;
 
 /* Where a walk over a batch's items is: lane `l`, block `i`. */
@@ -55,12 +55,90 @@ lane_item(const Lanes *b, Item it, unsigned char **dst, const unsigned char **sr
     return lane[LENGTH];
 }
 
+/* The prefetch of copy_ranges (Ahead), over a batch's items [at, end), for copy_lane_walk. */
+typedef struct {
+    const Lanes *b;
+    Item it;
+    Py_ssize_t at, end;
+    int64_t offset, len;
+    const unsigned char *src;
+} LaneAhead;
+
+static inline void
+lane_ahead_load(LaneAhead *a)
+{
+    unsigned char *unused;
+    for (; a->at < a->end; a->at++, item_next(a->b, &a->it))
+        if ((a->len = lane_item(a->b, a->it, &unused, &a->src)) > 0)
+            return;
+}
+
+static inline void
+lane_ahead_step(LaneAhead *a, int64_t by)
+{
+    a->offset += by;
+    while (a->at < a->end && a->offset >= a->len) {
+        a->offset -= a->len;
+        a->at++;
+        item_next(a->b, &a->it);
+        lane_ahead_load(a);
+    }
+#if defined(__SSE2__)
+    if (a->at < a->end)
+        _mm_prefetch((const char *)a->src + a->offset, _MM_HINT_T1);
+#endif
+}
+
+/* Items [from, to) of a batch, each range computed as the walk reaches it: how ranges of
+ * TABLE_BELOW bytes and longer move (see copy_lane_items). */
+static void
+copy_lane_walk(const Lanes *b, Py_ssize_t from, Py_ssize_t to)
+{ /* the caller fences (_mm_sfence) once its last item is copied */
+    LaneAhead ahead = {b, item_at(b, from), from, to, 0, 0, NULL};
+    lane_ahead_load(&ahead);
+    for (int64_t k = 0; k < PREFETCH_BYTES; k += 64)
+        lane_ahead_step(&ahead, 64);
+    Item it = item_at(b, from);
+    for (Py_ssize_t w = from; w < to; w++, item_next(b, &it)) {
+        unsigned char *dst;
+        const unsigned char *src;
+        size_t left = (size_t)lane_item(b, it, &dst, &src);
+        if (left == 0)
+            continue;
+#if defined(__SSE2__)
+        if (left >= STREAM_BYTES) {
+            size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+            memcpy(dst, src, head);
+            lane_ahead_step(&ahead, (int64_t)head);
+            dst += head, src += head, left -= head;
+            size_t body = left & ~(size_t)63;
+            for (size_t i = 0; i < body; i += 64) {
+                lane_ahead_step(&ahead, 64);
+                __m128i x0 = _mm_loadu_si128((const __m128i *)(src + i));
+                __m128i x1 = _mm_loadu_si128((const __m128i *)(src + i + 16));
+                __m128i x2 = _mm_loadu_si128((const __m128i *)(src + i + 32));
+                __m128i x3 = _mm_loadu_si128((const __m128i *)(src + i + 48));
+                _mm_stream_si128((__m128i *)(dst + i), x0);
+                _mm_stream_si128((__m128i *)(dst + i + 16), x1);
+                _mm_stream_si128((__m128i *)(dst + i + 32), x2);
+                _mm_stream_si128((__m128i *)(dst + i + 48), x3);
+            }
+            dst += body, src += body, left -= body;
+        }
+#endif
+        memcpy(dst, src, left);
+        lane_ahead_step(&ahead, (int64_t)left);
+    }
+}
+
 #define TABLE_ITEMS 2048 /* items whose ranges are written out at a time (48 KiB) */
+#define TABLE_BELOW 4096 /* batches whose ranges are all shorter move by tables */
 
 /* Items [from, to) of a batch: their ranges written out TABLE_ITEMS at a time, then moved
- * by copy_ranges. Measured with 1 KiB blocks, that costs 0.8 of the time the same loop
- * took with each range computed as it went (the copy loop keeps the few registers it
- * needs; the prefetch walks plain arrays). */
+ * by copy_ranges. Measured one thread at a time with shuffled 1 KiB blocks, that took
+ * 0.8-0.9 of the time of copy_lane_walk, which computes each range as it reaches it (the
+ * prefetch walks plain arrays); with 16 KiB and 128 KiB blocks, 1.05-1.2 of it (not
+ * understood), hence TABLE_BELOW. */
 static void
 copy_lane_items(const Lanes *b, Py_ssize_t from, Py_ssize_t to)
 { /* the caller fences (_mm_sfence) once its last item is copied */
@@ -81,18 +159,28 @@ copy_lane_items(const Lanes *b, Py_ssize_t from, Py_ssize_t to)
     }
 }
 
+/* Items [from, to): short ranges by tables, long ones by the walk (b->tables). */
+static void
+copy_items(const Lanes *b, Py_ssize_t from, Py_ssize_t to)
+{
+    if (b->tables)
+        copy_lane_items(b, from, to);
+    else
+        copy_lane_walk(b, from, to);
+}
+
 static void
 copy_lanes_claimed(const Lanes *b, int64_t *cursor, Py_ssize_t grain)
 {
     Py_ssize_t items = b->nlanes * b->n;
     if (cursor == NULL) {
-        copy_lane_items(b, 0, items);
+        copy_items(b, 0, items);
     }
     else {
         int64_t at; /* as in copy_claimed: grain <= items + 1 keeps the cursor from wrapping */
         while ((at = __atomic_fetch_add(cursor, (int64_t)grain, __ATOMIC_RELAXED)) >= 0
                && at < items)
-            copy_lane_items(b, (Py_ssize_t)at, items - at < grain ? items : at + grain);
+            copy_items(b, (Py_ssize_t)at, items - at < grain ? items : at + grain);
     }
 #if defined(__SSE2__)
     _mm_sfence(); /* the streamed lines are visible before the job is reported done */
@@ -139,7 +227,10 @@ native_copy_lanes(PyObject *self, PyObject *args)
             break;
     if (got == 2) {
         Lanes b = {views[0].buf, views[1].buf, views[0].len / 8 / BLOCK_FIELDS,
-                   views[1].len / 8 / LANE_FIELDS, to_kv};
+                   views[1].len / 8 / LANE_FIELDS, to_kv, 1};
+        for (Py_ssize_t l = 0; l < b.nlanes; l++)
+            if (b.lanes[l * LANE_FIELDS + LENGTH] >= TABLE_BELOW)
+                b.tables = 0;
         const char *bad = views[0].len % (8 * BLOCK_FIELDS) ? "copy_lanes: blocks must hold 3 "
                           "int64 fields per block" : views[1].len % (8 * LANE_FIELDS) ?
                           "copy_lanes: lanes must hold 6 int64 fields per lane" :
