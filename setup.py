@@ -45,7 +45,8 @@ COMPILED = [
 
 NATIVE = Extension(
     "kvtier._native",
-    sources=["src/kvtier/_native.c", "src/kvtier/_native_copy.c", "src/kvtier/_native_lanes.c"],
+    sources=["src/kvtier/_native.c", "src/kvtier/_native_copy.c", "src/kvtier/_native_lanes.c",
+             "src/kvtier/_native_plan.c"],
     depends=["src/kvtier/_native.h"],
     libraries=["crypto"],  # OpenSSL's libcrypto, as CPython's hashlib; headers: libssl-dev
     extra_compile_args=["-O2", "-fvisibility=hidden"],  # the module exports PyInit only

@@ -1,6 +1,6 @@
 """``kvtier._native.copy_lanes`` (one transfer batch per call, its byte ranges computed from
-engine block ids) and ``block_order`` (the order it takes the blocks in), against the
-Python they stand for. Skipped in the pure build, as tests/test_native.py."""
+the batch's blocks) and ``sorted_blocks`` (those blocks, in the order it takes them), against
+the Python they stand for. Skipped in the pure build, as tests/test_native.py."""
 
 from __future__ import annotations
 
@@ -15,17 +15,28 @@ FIELDS = 6  # kv_base, kv_step, slot_base, slot_step, length, positions
 
 
 @pytest.mark.parametrize(("n", "bound"), [(0, 5), (1, 1), (40, 50), (40, 10_000), (500, 64)])
-def test_block_order_is_a_stable_sort(n: int, bound: int) -> None:
-    """Dense ids (a counting sort) and sparse ones (a merge sort), repeats included."""
-    ids = np.random.default_rng(n + bound).integers(0, bound, n).astype(np.int64)
-    got = np.frombuffer(_native.block_order(ids, bound), np.int64)
-    np.testing.assert_array_equal(got, np.argsort(ids, kind="stable"))
+def test_sorted_blocks_are_a_stable_sort_with_slot_and_position(n: int, bound: int) -> None:
+    """Dense ids (a counting sort) and sparse ones (a merge sort), repeats included: each
+    block's id, its copy's slot address and its position, by id."""
+    copies = 5 if n % 5 == 0 else 1
+    rng = np.random.default_rng(n + bound)
+    ids = rng.integers(0, bound, n).astype(np.int64)
+    ptrs = rng.integers(0, 2**40, copies).astype(np.int64)
+    got = np.frombuffer(_native.sorted_blocks(ids, ptrs, bound), np.int64).reshape(-1, 3)
+    order = np.argsort(ids, kind="stable")
+    want = np.stack([ids[order], ptrs[order % copies], order // copies], axis=1)
+    np.testing.assert_array_equal(got, want.reshape(-1, 3))
 
 
-def test_block_order_refuses_ids_outside_the_bound() -> None:
+def test_sorted_blocks_refuses_ids_outside_the_bound_or_a_ragged_batch() -> None:
+    ptrs = np.zeros(1, np.int64)
     for bad in ([3, 10], [-1, 2]):
         with pytest.raises(ValueError, match="outside"):
-            _native.block_order(np.array(bad, np.int64), 10)
+            _native.sorted_blocks(np.array(bad, np.int64), ptrs, 10)
+    with pytest.raises(ValueError, match="blocks x copies"):
+        _native.sorted_blocks(np.arange(3, dtype=np.int64), np.zeros(2, np.int64), 10)
+    with pytest.raises(ValueError, match="blocks x copies"):
+        _native.sorted_blocks(np.arange(3, dtype=np.int64), np.zeros(0, np.int64), 10)
 
 
 class Batch:
@@ -54,12 +65,12 @@ class Batch:
         if run_lane:  # a one-piece layer of a consecutive batch: lanes == 1, rows contiguous
             self.table[0] = (base, row, 0, 0, blocks * width, 1)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         ids = self.ids.reshape(-1)
         ptrs = int(self.slots.ctypes.data) + np.arange(len(self.slots), dtype=np.int64) \
             * self.slots.shape[1]
-        order = np.frombuffer(_native.block_order(ids, self.num_blocks), np.int64)
-        return ids, ptrs, order, self.table.reshape(-1)
+        blocks = np.frombuffer(_native.sorted_blocks(ids, ptrs, self.num_blocks), np.int64)
+        return blocks, self.table.reshape(-1)
 
     def expected(self, to_kv: bool) -> tuple[np.ndarray, np.ndarray]:
         """The KV buffer and slots after the batch, moved one block at a time in Python."""
@@ -79,7 +90,9 @@ class Batch:
 
 @pytest.mark.parametrize("to_kv", [False, True])
 @pytest.mark.parametrize(("copies", "blocks", "lanes", "width"),
-                         [(1, 1, 1, 8), (5, 4, 3, 256), (17, 3, 2, 1000), (64, 4, 4, 1024)])
+                         [(1, 1, 1, 8), (5, 4, 3, 256), (17, 3, 2, 1000), (64, 4, 4, 1024),
+                          (700, 4, 2, 64),  # 5,600 ranges: several tables of ranges
+                          (9, 3, 2, 4100), (3, 2, 1, 70_000)])  # long ranges: the walk
 def test_copy_lanes_moves_what_block_copies_move(to_kv: bool, copies: int, blocks: int,
                                                  lanes: int, width: int) -> None:
     batch = Batch(copies, blocks, lanes, width, 2 * copies * blocks + 3, seed=copies * width)
@@ -89,19 +102,22 @@ def test_copy_lanes_moves_what_block_copies_move(to_kv: bool, copies: int, block
     np.testing.assert_array_equal(batch.slots, want_slots)
 
 
+@pytest.mark.parametrize("width", [300, 1500], ids=["by-tables", "by-the-walk"])
 @pytest.mark.parametrize("to_kv", [False, True])
-def test_a_run_lane_moves_each_copys_blocks_as_one_range(to_kv: bool) -> None:
-    batch = Batch(6, 4, 1, 300, 40, seed=3, run_lane=True)
+def test_a_run_lane_moves_each_copys_blocks_as_one_range(to_kv: bool, width: int) -> None:
+    batch = Batch(6, 4, 1, width, 40, seed=3, run_lane=True)  # ranges of 4 x width bytes
     want_kv, want_slots = batch.expected(to_kv)
     _native.copy_lanes(to_kv, *batch.arrays())
     np.testing.assert_array_equal(batch.kv, want_kv)
     np.testing.assert_array_equal(batch.slots, want_slots)
 
 
+@pytest.mark.parametrize("width", [512, 4096], ids=["by-tables", "by-the-walk"])
 @pytest.mark.parametrize("grain", [1, 5, 10_000])
 @pytest.mark.parametrize("threads", [2, 4])
-def test_threads_sharing_a_cursor_move_every_block_once(threads: int, grain: int) -> None:
-    batch = Batch(40, 4, 3, 512, 200, seed=threads + grain)
+def test_threads_sharing_a_cursor_move_every_block_once(threads: int, grain: int,
+                                                        width: int) -> None:
+    batch = Batch(40, 4, 3, width, 200, seed=threads + grain)
     want_kv, want_slots = batch.expected(False)
     cursor = np.zeros(1, np.int64)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
@@ -117,22 +133,54 @@ def test_threads_sharing_a_cursor_move_every_block_once(threads: int, grain: int
 
 
 def test_bad_copy_lanes_arguments_are_clear_errors() -> None:
-    ids, ptrs, order, lanes = Batch(4, 2, 2, 64, 20, seed=1).arrays()  # 8 ids
+    blocks, lanes = Batch(4, 2, 2, 64, 20, seed=1).arrays()  # 8 blocks
+    field = np.arange(len(lanes)) % FIELDS
     for args, says in [
-        ((ids, ptrs, order[:-1], lanes), "order and ids differ in length"),
-        ((ids, ptrs, order, lanes[:-1]), "6 int64 fields per lane"),
-        ((ids, ptrs[:3], order, lanes), "blocks x copies"),  # 8 ids over 3 copies
-        ((ids, ptrs[:0], order, lanes), "blocks x copies"),
-        ((ids, ptrs, np.full_like(order, len(order)), lanes), "order must index ids"),
-        ((ids, ptrs, order, np.where(np.arange(len(lanes)) % FIELDS == 5, 3, lanes)),
-         "more positions than blocks"),
-        ((ids, ptrs, order, np.where(np.arange(len(lanes)) % FIELDS == 4, -1, lanes)),
-         "negative length"),
-        ((ids.astype(np.int32), ptrs, order, lanes), "8-byte integers"),
+        ((blocks[:-1], lanes), "3 int64 fields per block"),
+        ((blocks, lanes[:-1]), "6 int64 fields per lane"),
+        ((np.where(np.arange(len(blocks)) % 3 == 2, -1, blocks), lanes), "negative id or "
+         "position"),
+        ((blocks, np.where(field == 5, -1, lanes)), "negative length or positions"),
+        ((blocks, np.where(field == 4, -1, lanes)), "negative length"),
+        ((blocks.astype(np.int32), lanes), "8-byte integers"),
     ]:
         with pytest.raises(ValueError, match=says):
             _native.copy_lanes(True, *args)
     with pytest.raises(ValueError, match="grain must be at least 1"):
-        _native.copy_lanes(True, ids, ptrs, order, lanes, np.zeros(1, np.int64), 0)
+        _native.copy_lanes(True, blocks, lanes, np.zeros(1, np.int64), 0)
     with pytest.raises(ValueError, match="cursor must be one aligned"):
-        _native.copy_lanes(True, ids, ptrs, order, lanes, np.zeros(2, np.int64), 1)
+        _native.copy_lanes(True, blocks, lanes, np.zeros(2, np.int64), 1)
+
+
+def test_read_copies_reads_what_python_reads() -> None:
+    """Every copy's group, first block, block count, slot row, whether its ids are
+    consecutive, and its block ids, as int64, and the slots themselves; the slots flagged
+    as not all rows when one is a buffer, negative or past int64 (its entry 0); None where
+    a field is not a ChunkCopy's (a numpy group: Python then reads it). A subclass's copies
+    (fields read by getattr) read the same."""
+    from kvtier.transfer import ChunkCopy
+
+    class Named(ChunkCopy):
+        __slots__ = ()
+
+    buffer = np.zeros(8, np.uint8)
+    for kind in (ChunkCopy, Named):
+        copies = [kind(1, 7, (5, 2, 9)), kind(0, 3, (4,), first_block=2),
+                  kind(2, 2**40, (2**40, 2**40 + 1))]
+        table, ints, slots = _native.read_copies(copies)
+        np.testing.assert_array_equal(np.frombuffer(table, np.int64), [
+            1, 0, 2, 0, 2, 0, 3, 1, 2, 7, 3, 2**40, 0, 1, 1, 5, 2, 9, 4, 2**40, 2**40 + 1])
+        assert ints and slots == [7, 3, 2**40]
+        for odd in (buffer, 2**70, -1):
+            table, ints, slots = _native.read_copies([*copies, kind(0, odd, (1,))])
+            assert not ints and np.frombuffer(table, np.int64)[3 * 4 + 3] == 0
+            assert slots[3] is odd
+    weird = ChunkCopy(0, 1, (1,))
+    object.__setattr__(weird, "group", np.int64(0))
+    assert _native.read_copies([weird]) is None
+    object.__setattr__(weird, "group", 0)
+    object.__setattr__(weird, "block_ids", [1])  # not a tuple
+    assert _native.read_copies([weird]) is None
+    assert _native.read_copies([object()]) is None
+    table, ints, slots = _native.read_copies([])
+    assert len(table) == 0 and ints and slots == []

@@ -14,19 +14,32 @@
  *                             takes the next `grain` entries at a time until none are left,
  *                             so a thread that starts late takes fewer, never delays the rest.
  *
- *   copy_lanes(to_kv, ids, ptrs, order, lanes[, cursor, grain])
+ *   copy_lanes(to_kv, blocks, lanes[, cursor, grain])
  *                             One batch of the transfer engine in one call: the byte ranges
- *                             are computed here from the batch's engine block ids, slot
- *                             addresses and per-(layer, piece) lanes (kvtier.transfer.native,
- *                             Lanes), not read from address tables. Each lane's ranges move in
- *                             `order`, ascending engine block, so that the engine's memory
+ *                             are computed here from the batch's blocks (sorted_blocks) and
+ *                             per-(layer, piece) lanes (kvtier.transfer.native, Lanes), not
+ *                             read from address tables. Each lane's ranges move in the order
+ *                             of `blocks`, ascending engine block, so that the engine's memory
  *                             (scattered blocks, small pages) is read or written in one
  *                             monotone sweep per lane. `cursor` and `grain` as for copy, in
  *                             (lane, block) items.
  *
- *   block_order(ids, bound)   The indices of `ids` (int64, each in [0, bound)) sorted by value,
- *                             stably, as a bytearray of int64: a counting sort when the ids
- *                             are dense in [0, bound), else a merge sort.
+ *   sorted_blocks(ids, ptrs, bound)
+ *                             A batch's blocks (ids: int64 [positions x copies], each in
+ *                             [0, bound); ptrs: each copy's slot address) sorted by engine
+ *                             block id, stably, as a bytearray of int64 triples (id, slot
+ *                             address, position): a counting sort when the ids are dense in
+ *                             [0, bound), else a merge sort.
+ *
+ *   read_copies(copies)       A job's copies (a list of kvtier.transfer.ChunkCopy) read in one
+ *                             pass (_native_plan.c): (table, slots_are_ints, slots), the table
+ *                             a bytearray of int64: every copy's group, then every
+ *                             first_block, every block count, every slot (0 where it is not
+ *                             a row index in int64: then slots_are_ints is false), whether
+ *                             each copy's block ids are consecutive (1 or 0), then every block
+ *                             id in copy order; slots the list of the copies' slots. None
+ *                             where a field is not what a ChunkCopy holds (the caller then
+ *                             reads the copies in Python, which says what is wrong).
  *
  *   cpu()                     The CPU the calling thread runs on (sched_getcpu), or -1
  *                             where the system cannot say.
@@ -195,10 +208,13 @@ static PyMethodDef methods[] = {
      "copy(dst, src, lengths[, cursor, grain]): batched memcpy over int64 address arrays "
      "(GIL released); threads sharing `cursor` take `grain` entries at a time."},
     {"copy_lanes", native_copy_lanes, METH_VARARGS,
-     "copy_lanes(to_kv, ids, ptrs, order, lanes[, cursor, grain]): one transfer batch, its "
-     "ranges computed from block ids, each lane in ascending engine block order."},
-    {"block_order", native_block_order, METH_VARARGS,
-     "block_order(ids, bound) -> bytearray of int64: the indices of ids sorted by value."},
+     "copy_lanes(to_kv, blocks, lanes[, cursor, grain]): one transfer batch, its ranges "
+     "computed from its sorted blocks, each lane in their order."},
+    {"sorted_blocks", native_sorted_blocks, METH_VARARGS,
+     "sorted_blocks(ids, ptrs, bound) -> bytearray of int64 (id, slot, position) triples, "
+     "by engine block id."},
+    {"read_copies", native_read_copies, METH_VARARGS,
+     "read_copies(copies) -> (table, slots_are_ints, slots) or None: a job's copies as int64."},
     {"cpu", native_cpu, METH_NOARGS,
      "cpu() -> int: the CPU the calling thread runs on, or -1 where unknown."},
     {"sha256_start", native_sha256_start, METH_VARARGS,

@@ -1,6 +1,6 @@
 /* kvtier._native's shared declarations: the module (_native.c) and its copy loops
- * (_native_copy.c: copy over address tables; _native_lanes.c: copy_lanes and block_order
- * over a transfer batch). Built only by KVTIER_COMPILE=1 (setup.py, NATIVE). */
+ * (_native_copy.c: copy over address tables; _native_lanes.c: copy_lanes and sorted_blocks
+ * over a transfer batch; _native_plan.c: read_copies over a transfer job). Built only by KVTIER_COMPILE=1 (setup.py, NATIVE). */
 #ifndef KVTIER_NATIVE_H
 #define KVTIER_NATIVE_H
 
@@ -21,8 +21,13 @@ int int64_buffer(PyObject *obj, Py_buffer *view, const char *name);
 /* A writable, aligned, non-negative one-element int64 (see copy); nothing for None. */
 int cursor_buffer(PyObject *obj, Py_buffer *view, const char *fn);
 
+/* Copies range i: len[i] bytes from address src[i] to dst[i], streaming stores, the
+ * sources prefetched ahead; the caller fences (_mm_sfence) after its last call. */
+void copy_ranges(const int64_t *dst, const int64_t *src, const int64_t *len, Py_ssize_t n);
+
 PyObject *native_copy(PyObject *self, PyObject *args);
 PyObject *native_copy_lanes(PyObject *self, PyObject *args);
-PyObject *native_block_order(PyObject *self, PyObject *args);
+PyObject *native_sorted_blocks(PyObject *self, PyObject *args);
+PyObject *native_read_copies(PyObject *self, PyObject *args);
 
 #endif

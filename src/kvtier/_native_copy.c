@@ -30,7 +30,7 @@ ahead_step(Ahead *a, int64_t by)
  * memcpy to choose non-temporal stores itself (it does above megabytes), so its ordinary
  * stores would first read every destination line into the cache: a third of the memory
  * traffic wasted. Streaming stores write the lines without reading them. */
-static void
+void
 copy_ranges(const int64_t *dst_at, const int64_t *src_at, const int64_t *len, Py_ssize_t n)
 { /* the caller fences (_mm_sfence) once its last range is copied */
     Ahead ahead = {src_at, len, n, 0, 0};

@@ -233,8 +233,8 @@ class AffinityShim:
         self.masks.append((threading.current_thread().name, os.sched_getaffinity(0)))
         self.real.copy_lanes(*args)  # type: ignore[attr-defined]
 
-    def block_order(self, *args: object) -> bytearray:
-        return self.real.block_order(*args)  # type: ignore[attr-defined, no-any-return]
+    def sorted_blocks(self, *args: object) -> bytearray:
+        return self.real.sorted_blocks(*args)  # type: ignore[attr-defined, no-any-return]
 
 
 @needs_two_cpus

@@ -294,6 +294,53 @@ def test_jobs_split_over_threads_move_exactly_their_blocks(
         assert blocks_equal(now, before, axis, moved, moved)
 
 
+def test_many_small_shuffled_chunks_round_trip_exactly() -> None:
+    """1,500 chunks of 4 one-KiB blocks of 4 layers (the benchmark's 16 KiB row; 24,000
+    ranges, several of the native copier's tables of ranges, over 2 threads), block ids
+    shuffled, slots named by slab row in shuffled order: each slot holds exactly its
+    copy's blocks, rows outside the job keep their fill, and a load into cleared KV restores
+    every moved block and writes no other. Negative control: the same load with two slots
+    swapped does not restore them (the comparison sees a misplaced block)."""
+    gen = torch.Generator().manual_seed(28)
+    layers, per, chunks, num_blocks = 4, 4, 1500, 7000
+    layout = Layout((Group("full", 16, per),))
+    kv = random_group(layers, 0, num_blocks=num_blocks, tokens=16, dtype=torch.bfloat16,
+                      gen=gen, heads=1, dim=16)
+    original = snapshot(kv)
+    tables = torch.randperm(num_blocks, generator=gen)[: chunks * per].view(chunks, per)
+    slots = torch.randperm(chunks + 10, generator=gen)[:chunks].tolist()
+    rows = allocate_slab(chunks + 10, 16 << 10, "cpu").fill_(FILL)
+    with engine_for(layout, [kv], load_threads=2, slab=rows) as engine:
+        assert engine.chunk_bytes(0) == 16 << 10
+        copies = [ChunkCopy(0, s, tuple(ids)) for s, ids in zip(slots, tables.tolist(),
+                                                                 strict=True)]
+        assert engine.wait(engine.submit_store(copies)).ok
+        # slot row r, layer l, position j holds block tables[c, j] of layer l
+        want = torch.stack([t.view(num_blocks, -1).view(torch.uint8)[tables]
+                            for t in kv.layers], dim=1)  # [chunks, layers, per, 1 KiB]
+        assert torch.equal(rows[slots].view(chunks, layers, per, -1), want)
+        unused = sorted(set(range(chunks + 10)) - set(slots))
+        assert bool((rows[unused] == FILL).all())
+        for t in kv.layers:
+            t.zero_()
+        assert engine.wait(engine.submit_load(copies)).ok
+        moved = tables.view(-1)
+        for now, before in zip(kv.layers, original, strict=True):
+            assert same_bytes(now[moved], before[moved])
+            untouched = torch.ones(num_blocks, dtype=torch.bool)
+            untouched[moved] = False
+            assert not bool(now[untouched].view(torch.uint8).any())
+        for t in kv.layers:
+            t.zero_()
+        swapped = [ChunkCopy(0, slots[1 - i] if i < 2 else s, c.block_ids)
+                   for i, (s, c) in enumerate(zip(slots, copies, strict=True))]
+        assert engine.wait(engine.submit_load(swapped)).ok
+        first = tables[:2].reshape(-1)
+        rest = tables[2:].reshape(-1)
+        assert not same_bytes(kv.layers[0][first], original[0][first])
+        assert same_bytes(kv.layers[0][rest], original[0][rest])
+
+
 @pytest.mark.parametrize("with_buffer", [False, True], ids=["rows-only", "with-a-buffer"])
 @pytest.mark.parametrize("slab_type", ["torch", "numpy"])
 @pytest.mark.parametrize("axis", [0, 1])

@@ -84,7 +84,9 @@ class NativeCopier:
     slot addresses and :class:`Lanes`), and no pass per block position. ``fault``, if any,
     is called with every copy of a batch before its bytes move.
 
-    Each lane's blocks move in ascending engine block order (``_native.block_order``): a
+    Each lane's blocks move in ascending engine block order (``_native.sorted_blocks``,
+    which also gives each block its slot address and position, so that the C loop finds
+    every address by a multiply and an add, no division per block): a
     fragmented block pool is then read (stores) or written (loads) in one monotone sweep per
     layer, a few blocks per page, rather than at random, one page-table walk per block; the
     scattered side is the slab's (kvtier's own memory, :func:`~kvtier.transfer.views.
@@ -106,7 +108,7 @@ class NativeCopier:
         if _native is None:
             raise RuntimeError("kvtier._native is not built: only a compiled build "
                                "(KVTIER_COMPILE=1) has the native copier; see available()")
-        self._copy, self._order, self._cpu = _native.copy_lanes, _native.block_order, _native.cpu
+        self._copy, self._sorted, self._cpu = _native.copy_lanes, _native.sorted_blocks, _native.cpu
         self._fault = fault
         self._helpers = max(1, threads) - 1
         self._lanes: dict[tuple[int, int, int, bool], Lanes] = {}  # by batch shape
@@ -135,14 +137,14 @@ class NativeCopier:
             lanes = self._lanes[key] = Lanes.of(batch)
         ids = np.ascontiguousarray(batch.ids, np.int64).reshape(-1)
         ptrs = np.ascontiguousarray(batch.ptrs, np.int64)
-        order = np.frombuffer(self._order(ids, batch.view.num_blocks), np.int64)
-        args = (to_kv, ids, ptrs, order, lanes.table)
+        blocks = np.frombuffer(self._sorted(ids, ptrs, batch.view.num_blocks), np.int64)
+        args = (to_kv, blocks, lanes.table)
         total = lanes.bytes_per_copy * len(ptrs)
         helpers = min(self._helpers, total // MIN_PART_BYTES - 1)
         if helpers < 1:
             self._copy(*args)
             return
-        items = lanes.count * len(order)
+        items = lanes.count * len(ids)
         cursor = np.zeros(1, np.int64)
         grain = max(1, CLAIM_BYTES * items // max(1, total))  # items per claim
         share = functools.partial(self._copy, *args, cursor, grain)

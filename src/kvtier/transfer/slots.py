@@ -22,21 +22,25 @@ from kvtier.transfer.copies import Slot, SlotRef
 
 
 def slot_addresses(
-    slots: Sequence[SlotRef], need: np.ndarray, slab: torch.Tensor | None
+    slots: Sequence[SlotRef], need: np.ndarray, slab: torch.Tensor | None,
+    rows: np.ndarray | None = None,
 ) -> tuple[list[torch.Tensor | int], np.ndarray]:
     """Every slot checked (``need[i]`` bytes for slot ``i``), and its address.
 
     A row index of the registered ``slab`` stays an int (its address is arithmetic: a job
     naming every slot so costs a few array operations); a buffer becomes a tensor as by
     :func:`slot_tensor`, the usual one (a row of a uint8 slab) after a short check of a few
-    attribute reads.
+    attribute reads. ``rows``: the slots as row indices, where the caller has read them so
+    (every slot an int).
     """
-    if slab is not None and set(map(type, slots)) == {int}:  # one pass in C
+    if slab is not None and (rows is not None or set(map(type, slots)) == {int}):
         indices = cast("list[int]", list(slots))
-        try:
-            rows = np.fromiter(indices, np.int64, len(indices))
-        except OverflowError:  # an index past int64: no row either
-            rows = np.array([r if -1 <= r < slab.shape[0] else -1 for r in indices], np.int64)
+        if rows is None:
+            try:
+                rows = np.fromiter(indices, np.int64, len(indices))
+            except OverflowError:  # an index past int64: no row either
+                rows = np.array([r if -1 <= r < slab.shape[0] else -1 for r in indices],
+                                np.int64)
         outside = np.flatnonzero((rows < 0) | (rows >= slab.shape[0]))
         if outside.size:
             i = int(outside[0])
