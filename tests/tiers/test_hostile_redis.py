@@ -26,10 +26,11 @@ from fake_resp import DATA, HANDSHAKE, SLOTS, FakeRedis, Hostile
 from kvtier.tiers.redis.tier import Backoff, RedisTier
 
 TIMEOUT_S = 0.4
-MARGIN_S = 0.4
+MARGIN_S = 1.6
 """What a call may take past ``timeout_s``: thread and scheduler slack on a loaded CI
 machine, not a server's doing (a trickle is cut at the deadline; the fake's trickles last
-8 s)."""
+8 s, four times the bound). 0.4 s was once exceeded (1.29 s in all) with two cores shared
+by six busy processes."""
 SECRET = "Hunter2Zq#x@/?"
 HIDDEN = (SECRET, quote(SECRET, safe=""), "Hunter2Zq")
 """The password as sent and as written in a URL; neither, nor its start, may show."""
