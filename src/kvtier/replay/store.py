@@ -84,7 +84,7 @@ class ReplayStore(TieredStore):
         ks = checked_keys(keys)
         self.flush(timeout_s=60.0)
         ready, pinned = ChunkState.READY, ChunkState.PINNED  # readable, by identity
-        out = [HOST if s is ready or s is pinned else "" for s in self.host.lookup(ks)]
+        out = [HOST if s is ready or s is pinned else "" for s in self.host.lookup_checked(ks)]
         for tier in self.lower:
             rest = [i for i, w in enumerate(out) if not w]
             if not rest:
