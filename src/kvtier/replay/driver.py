@@ -120,7 +120,7 @@ class Driver:
         self._chunk_bytes = chunk_bytes_by_tag(config.layout)
         store.subscribe_tiers(self._on_tier_event)
         self._streams: dict[str, npt.NDArray[np.uint32]] = {}  # between begin and store_all
-        self._hits: dict[int, HitPlan] = {}  # stored scope -> its block_hit plan
+        self._hits = HitPlans()  # block_hit's plans
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
         """The whole request: look up, load, store, finish (module docstring)."""
@@ -140,7 +140,7 @@ class Driver:
         """
         if self.belady is not None:
             self.belady.begin(refs.keys)
-        where = self.store.locate(refs.keys)
+        where = self.store.locate_checked(refs.keys)
         self.store.promoted.clear()
         reach = block_hit(self.layout, refs, where, self._hits)
         self._count_refs(req, refs, reach)
@@ -178,7 +178,7 @@ class Driver:
         self, rid: str, req: TraceRequest, refs: RequestRefs, loaded: set[object]
     ) -> None:
         """Hold the cached chunks not loaded, store the rest in order, release."""
-        where = self.store.locate(refs.keys)
+        where = self.store.locate_checked(refs.keys)
         held = [(k, w) for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
         hold = self.store.hold([k for k, _ in held], [w for _, w in held]) if held else None
         stream = self._streams.pop(rid)
@@ -275,20 +275,35 @@ def _table(layout: Layout, num_tokens: int) -> list[range]:
 
 
 def block_hit(
-    layout: Layout, refs: RequestRefs, where: list[str],
-    cache: dict[int, HitPlan] | None = None,
+    layout: Layout, refs: RequestRefs, where: list[str], cache: HitPlans | None = None,
 ) -> int:
     """The largest boundary, up to the stored scope, at which every group's required
     chunks are cached (anywhere): the request's block hit in tokens, prefix semantics.
 
-    ``cache`` keeps the ``HitPlan`` of each stored scope across requests.
+    ``cache`` keeps the ``HitPlan`` of each list of references across requests (the
+    replay's share one per stored scope; a fleet's probe truncates some).
     """
-    plan = None if cache is None else cache.get(refs.store_tokens)
+    cache = HitPlans() if cache is None else cache
+    key = (refs.store_tokens, refs.groups, refs.chunks)
+    plan = cache.plans.get(key)
     if plan is None:
-        plan = HitPlan(layout, refs)
-        if cache is not None:
-            cache[refs.store_tokens] = plan
+        plan = HitPlan(layout, refs, cache.needs)
+        if len(cache.plans) < MAX_HIT_PLANS:
+            cache.plans[key] = plan
     return plan.hit(where)
+
+
+MAX_HIT_PLANS = 4096
+"""Plans kept (a replay needs one per stored scope: a few hundred)."""
+
+
+class HitPlans:
+    """``block_hit``'s plans, by the stored scope and each reference's group and chunk,
+    and ``coverage.required`` of every group per boundary."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple[int, tuple[int, ...], tuple[int, ...]], HitPlan] = {}
+        self.needs: dict[int, tuple[range, ...]] = {}
 
 
 class HitPlan:
@@ -296,24 +311,31 @@ class HitPlan:
     groups and indices, and its admissible boundaries, depend on that only), as arrays:
     a request's hit is then a few array operations over where its chunks are."""
 
-    def __init__(self, layout: Layout, refs: RequestRefs) -> None:
+    def __init__(self, layout: Layout, refs: RequestRefs,
+                 needs: dict[int, tuple[range, ...]]) -> None:
         groups = np.asarray(refs.groups, dtype=np.int64)
         chunks = np.asarray(refs.chunks, dtype=np.int64)
         bounds = coverage.admissible_boundaries(layout, refs.store_tokens)
         self.bounds = np.asarray(bounds, dtype=np.int64)[::-1]  # largest first
+        per_bound = []
+        for b in bounds[::-1]:
+            need = needs.get(b)
+            if need is None:
+                need = needs[b] = tuple(coverage.required(g, b) for g in layout.groups)
+            per_bound.append(need)
         # per group: positions of its chunks in the request's list, their chunk indices,
         # and per boundary (largest first) the required range's start, stop and length
         self.parts: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int,
                                npt.NDArray[np.int64], npt.NDArray[np.int64],
                                npt.NDArray[np.int64]]] = []
-        for gi, g in enumerate(layout.groups):
+        for gi in range(len(layout.groups)):
             pos = np.flatnonzero(groups == gi)
             idx = chunks[pos]
             size = int(idx.max()) + 1 if len(idx) else 0
-            needs = [coverage.required(g, int(b)) for b in self.bounds]
-            start = np.asarray([r.start for r in needs], dtype=np.int64)
-            stop = np.asarray([r.stop for r in needs], dtype=np.int64)
-            length = np.asarray([len(r) for r in needs], dtype=np.int64)
+            rs = [need[gi] for need in per_bound]
+            start = np.asarray([r.start for r in rs], dtype=np.int64)
+            stop = np.asarray([r.stop for r in rs], dtype=np.int64)
+            length = np.asarray([len(r) for r in rs], dtype=np.int64)
             self.parts.append((pos, idx, size, start, stop, length))
 
     def hit(self, where: list[str]) -> int:
