@@ -44,6 +44,8 @@ class ChunkBinder:
         self._whole = [g.blocks_per_chunk if coverage.stores_whole_chunks(g) else 0
                        for g in layout.groups]
         self._needs_parent = [coverage.needs_predecessor(g) for g in layout.groups]
+        # (group, chunk) -> its LiveChunk over a table whose ids are block positions
+        self._identity: dict[tuple[int, int], LiveChunk] = {}
 
     def _run(self, gi: int, chunk: int) -> tuple[int, int, int]:
         run = coverage.store_blocks(self.layout, gi, chunk)
@@ -58,6 +60,8 @@ class ChunkBinder:
         rows = [row for row in table if isinstance(row, range) and row.start >= 0
                 and row.step == 1] if len(table) == len(whole) else []
         counting = len(rows) == len(whole)
+        if counting and all(row.start == 0 for row in rows):
+            return self._live_identity(pending, [len(row) for row in rows])
         for gi, chunk in pending:
             bpc = whole[gi]
             if bpc:
@@ -75,6 +79,31 @@ class ChunkBinder:
             if ids is not None:
                 out.append(LiveChunk(gi, chunk, rel, ids))
         return out
+
+    def _live_identity(self, pending: Iterable[tuple[int, int]], lengths: list[int]
+                       ) -> list[LiveChunk]:
+        """``live`` over rows ``range(n)``: a block's id is its position, so a chunk's
+        ``LiveChunk`` is the same in every request (kept once built); only the rows'
+        lengths decide which chunks are held."""
+        out, known = [], self._identity
+        for gi, chunk in pending:
+            c = known.get((gi, chunk))
+            if c is None:
+                c = self._identity_chunk(gi, chunk)
+            if c.block_ids and c.block_ids[-1] >= lengths[gi]:
+                continue
+            out.append(c)
+        return out
+
+    def _identity_chunk(self, gi: int, chunk: int) -> LiveChunk:
+        bpc = self._whole[gi]
+        if bpc:
+            first, num, rel = chunk * bpc, bpc, 0
+        else:
+            first, num, rel = self._runs.get((gi, chunk)) or self._run(gi, chunk)
+        c = self._identity[(gi, chunk)] = LiveChunk(gi, chunk, rel,
+                                                    tuple(range(first, first + num)))
+        return c
 
     @staticmethod
     def keys(req: RequestState, live: list[LiveChunk]) -> list[ChunkKey]:

@@ -31,6 +31,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
@@ -281,7 +282,7 @@ class Planner:
         if not chunks:  # most decoding steps
             return
         self._count(req, "chunks_offered", len(chunks))
-        by_group = Counter(gi for gi, _ in chunks)
+        by_group = Counter(map(itemgetter(0), chunks))
         for m in (self.metrics, req.metrics):
             for gi, n in by_group.items():
                 m.chunks_offered_by_group[gi] = m.chunks_offered_by_group.get(gi, 0) + n

@@ -15,6 +15,7 @@ tokens, hits at 64.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from kvtier import boundaries, coverage
@@ -28,8 +29,11 @@ def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, i
     """(group, chunk) pairs that become storable as the capped horizon reaches ``cap``;
     records the boundaries the request now serves."""
     mode = req.limits.boundaries
-    passed = len(coverage.admissible_boundaries(layout, cap)) > len(
-        coverage.admissible_boundaries(layout, req.stored_horizon))
+    old_n = len(coverage.admissible_boundaries(layout, req.stored_horizon))
+    new_n = len(coverage.admissible_boundaries(layout, cap))
+    passed = new_n > old_n
+    if mode == "dense":  # store_delta of every group: the same for every request
+        return list(_dense_chunks(layout, old_n, new_n)) if passed else []
     if not passed and (mode == "dense"
                        or not req.stored_horizon < req.store_cap(req.num_prompt) <= cap):
         return []  # no boundary nor the prompt's end passed (most decoding steps)
@@ -49,6 +53,16 @@ def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, i
         out.extend((gi, c) for c in delta)
     req.served.extend(fresh)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _dense_chunks(layout: Layout, old_n: int, new_n: int) -> tuple[tuple[int, int], ...]:
+    """``new_chunks`` of a dense producer whose capped horizon passes from ``old_n``
+    admissible boundaries to ``new_n`` (``coverage.store_delta`` of every group)."""
+    g, la = layout.hit_granularity, layout.max_stored_lookahead
+    old, new = old_n * g + la, new_n * g + la  # horizons with that many boundaries admissible
+    return tuple((gi, c) for gi in range(len(layout.groups))
+                 for c in coverage.store_delta(layout, gi, old, new))
 
 
 def shared_point(

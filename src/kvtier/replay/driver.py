@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from itertools import accumulate, count
+from itertools import count
 from typing import Protocol
 
 import numpy as np
@@ -120,7 +120,7 @@ class Driver:
         self._chunk_bytes = chunk_bytes_by_tag(config.layout)
         store.subscribe_tiers(self._on_tier_event)
         self._streams: dict[str, npt.NDArray[np.uint32]] = {}  # between begin and store_all
-        self._required: dict[int, tuple[range, ...]] = {}  # boundary -> required, per group
+        self._hits = HitPlans()  # block_hit's plans
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
         """The whole request: look up, load, store, finish (module docstring)."""
@@ -140,9 +140,9 @@ class Driver:
         """
         if self.belady is not None:
             self.belady.begin(refs.keys)
-        where = self.store.locate(refs.keys)
+        where = self.store.locate_checked(refs.keys)
         self.store.promoted.clear()
-        reach = block_hit(self.layout, refs, where, self._required)
+        reach = block_hit(self.layout, refs, where, self._hits)
         self._count_refs(req, refs, reach)
         stream = self._streams[rid] = token_stream(req.hash_ids, self.config.block_tokens)
         self.planner.add_request(rid, stream[: refs.num_prompt],
@@ -178,7 +178,7 @@ class Driver:
         self, rid: str, req: TraceRequest, refs: RequestRefs, loaded: set[object]
     ) -> None:
         """Hold the cached chunks not loaded, store the rest in order, release."""
-        where = self.store.locate(refs.keys)
+        where = self.store.locate_checked(refs.keys)
         held = [(k, w) for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
         hold = self.store.hold([k for k, _ in held], [w for _, w in held]) if held else None
         stream = self._streams.pop(rid)
@@ -275,34 +275,82 @@ def _table(layout: Layout, num_tokens: int) -> list[range]:
 
 
 def block_hit(
-    layout: Layout, refs: RequestRefs, where: list[str],
-    cache: dict[int, tuple[range, ...]] | None = None,
+    layout: Layout, refs: RequestRefs, where: list[str], cache: HitPlans | None = None,
 ) -> int:
     """The largest boundary, up to the stored scope, at which every group's required
     chunks are cached (anywhere): the request's block hit in tokens, prefix semantics.
 
-    ``cache`` keeps ``coverage.required`` of every group per boundary across requests.
+    ``cache`` keeps the ``HitPlan`` of each list of references across requests (the
+    replay's share one per stored scope; a fleet's probe truncates some).
     """
-    cache = {} if cache is None else cache
-    present: list[list[int]] = [[] for _ in layout.groups]
-    for gi, c, w in zip(refs.groups, refs.chunks, where, strict=True):
-        flags = present[gi]
-        if len(flags) <= c:
-            flags.extend([0] * (c + 1 - len(flags)))
-        flags[c] = 1 if w else 0
-    sums = [[0, *accumulate(f)] for f in present]
-    for b in reversed(coverage.admissible_boundaries(layout, refs.store_tokens)):
-        needs = cache.get(b)
-        if needs is None:
-            needs = cache[b] = tuple(coverage.required(g, b) for g in layout.groups)
-        if all(_all_present(sums[gi], r) for gi, r in enumerate(needs)):
-            return b
-    return 0
+    cache = HitPlans() if cache is None else cache
+    key = (refs.store_tokens, refs.groups, refs.chunks)
+    plan = cache.plans.get(key)
+    if plan is None:
+        plan = HitPlan(layout, refs, cache.needs)
+        if len(cache.plans) < MAX_HIT_PLANS:
+            cache.plans[key] = plan
+    return plan.hit(where)
 
 
-def _all_present(prefix: list[int], chunks: range) -> bool:
-    if not chunks:
-        return True
-    if chunks.stop >= len(prefix):
-        return False
-    return prefix[chunks.stop] - prefix[chunks.start] == len(chunks)
+MAX_HIT_PLANS = 4096
+"""Plans kept (a replay needs one per stored scope: a few hundred)."""
+
+
+class HitPlans:
+    """``block_hit``'s plans, by the stored scope and each reference's group and chunk,
+    and ``coverage.required`` of every group per boundary."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple[int, tuple[int, ...], tuple[int, ...]], HitPlan] = {}
+        self.needs: dict[int, tuple[range, ...]] = {}
+
+
+class HitPlan:
+    """What ``block_hit`` needs of every request that stores the same tokens (its chunks'
+    groups and indices, and its admissible boundaries, depend on that only), as arrays:
+    a request's hit is then a few array operations over where its chunks are."""
+
+    def __init__(self, layout: Layout, refs: RequestRefs,
+                 needs: dict[int, tuple[range, ...]]) -> None:
+        groups = np.asarray(refs.groups, dtype=np.int64)
+        chunks = np.asarray(refs.chunks, dtype=np.int64)
+        bounds = coverage.admissible_boundaries(layout, refs.store_tokens)
+        self.bounds = np.asarray(bounds, dtype=np.int64)[::-1]  # largest first
+        per_bound = []
+        for b in bounds[::-1]:
+            need = needs.get(b)
+            if need is None:
+                need = needs[b] = tuple(coverage.required(g, b) for g in layout.groups)
+            per_bound.append(need)
+        # per group: positions of its chunks in the request's list, their chunk indices,
+        # and per boundary (largest first) the required range's start, stop and length
+        self.parts: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int,
+                               npt.NDArray[np.int64], npt.NDArray[np.int64],
+                               npt.NDArray[np.int64]]] = []
+        for gi in range(len(layout.groups)):
+            pos = np.flatnonzero(groups == gi)
+            idx = chunks[pos]
+            size = int(idx.max()) + 1 if len(idx) else 0
+            rs = [need[gi] for need in per_bound]
+            start = np.asarray([r.start for r in rs], dtype=np.int64)
+            stop = np.asarray([r.stop for r in rs], dtype=np.int64)
+            length = np.asarray([len(r) for r in rs], dtype=np.int64)
+            self.parts.append((pos, idx, size, start, stop, length))
+
+    def hit(self, where: list[str]) -> int:
+        """The block hit (``block_hit``) given ``where`` each chunk is (``""``: absent)."""
+        if not len(self.bounds):
+            return 0
+        present = np.fromiter(map(bool, where), dtype=bool, count=len(where))
+        ok = np.ones(len(self.bounds), dtype=bool)
+        for pos, idx, size, start, stop, length in self.parts:
+            flags = np.zeros(size, dtype=np.int64)
+            flags[idx] = present[pos]
+            sums = np.zeros(size + 1, dtype=np.int64)
+            np.cumsum(flags, out=sums[1:])
+            inside = stop < size + 1
+            lo, hi = np.minimum(start, size), np.minimum(stop, size)
+            ok &= (length == 0) | (inside & (sums[hi] - sums[lo] == length))
+        first = np.flatnonzero(ok)
+        return int(self.bounds[first[0]]) if len(first) else 0

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.replay.concurrent import Sim
-from kvtier.replay.driver import Driver, VirtualClock, Workload, block_hit, make_store
+from kvtier.replay.driver import (
+    Driver,
+    HitPlans,
+    VirtualClock,
+    Workload,
+    block_hit,
+    make_store,
+)
 from kvtier.replay.fleet_stats import FleetStats
 from kvtier.replay.refs import RequestRefs
 from kvtier.replay.routers import Router, RouterSpec
@@ -173,7 +180,7 @@ class Fleet:
             for _ in range(options.instances)]
         self.loads: list[int] = [0] * options.instances
         """Each engine's load (module docstring), kept by the mode that runs the fleet."""
-        self._required: dict[int, tuple[range, ...]] = {}
+        self._hits = HitPlans()
         self._probe = PrefixProbe(self.layout)
 
     def _below(self) -> list[SharedView]:
@@ -193,7 +200,7 @@ class Fleet:
         part = self._probe.truncate(refs, self._probe.reach(refs, store.locate))
         if part is None:
             return 0
-        return block_hit(self.layout, part, store.locate(part.keys), self._required)
+        return block_hit(self.layout, part, store.locate_checked(part.keys), self._hits)
 
 
 def replay_fleet(

@@ -81,10 +81,14 @@ class ReplayStore(TieredStore):
     def locate(self, keys: Iterable[ChunkKey]) -> list[str]:
         """Once background work is done: the first tier holding each key, or ``""``
         (absent, or not readable yet); changes nothing."""
-        ks = checked_keys(keys)
+        return self.locate_checked(checked_keys(keys))
+
+    def locate_checked(self, ks: list[ChunkKey]) -> list[str]:
+        """``locate`` of keys known to be ``ChunkKey``s (a ``KeyChain``'s, as the replay's
+        references are): not checked again."""
         self.flush(timeout_s=60.0)
         ready, pinned = ChunkState.READY, ChunkState.PINNED  # readable, by identity
-        out = [HOST if s is ready or s is pinned else "" for s in self.host.lookup(ks)]
+        out = [HOST if s is ready or s is pinned else "" for s in self.host.lookup_checked(ks)]
         for tier in self.lower:
             rest = [i for i, w in enumerate(out) if not w]
             if not rest:

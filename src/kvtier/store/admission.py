@@ -132,13 +132,17 @@ class OfferWindow:
         ``fps``: their ``fingerprints``, when the caller has them already."""
         counts, need, ring, window = self._counts, self.after - 1, self._ring, self.window
         pos = self._pos
+        fps = fingerprints(keys) if fps is None else fps
+        fast = self._split_fast(keys, fps)
+        if fast is not None:
+            return fast
         gone: dict[int, int] = {}  # offers that leave the window before the current key
         # before key i, the oldest max(0, min(len(ring), len(ring) + i - window)) offers have
         # left: that grows by at most one per key
         dropped, late, full = 0, len(ring) - window, len(ring)
         admitted: list[ChunkKey] = []
         declined: list[ChunkKey] = []
-        for k, fp in zip(keys, fingerprints(keys) if fps is None else fps, strict=True):
+        for k, fp in zip(keys, fps, strict=True):
             if late > dropped and dropped < full:
                 old = ring[(pos + dropped) % window]
                 gone[old] = gone.get(old, 0) + 1
@@ -148,11 +152,48 @@ class OfferWindow:
             (admitted if seen >= need else declined).append(k)
         return admitted, declined
 
+    def _split_fast(self, keys: Sequence[ChunkKey], fps: Sequence[int]
+                    ) -> tuple[list[ChunkKey], list[ChunkKey]] | None:
+        """``split`` when no offer that leaves the window before a key is of a key offered
+        now (the usual case): each key's count is then its count now. None otherwise."""
+        counts, need, ring, window = self._counts, self.after - 1, self._ring, self.window
+        n, full = len(fps), len(ring)
+        # before key i, the oldest min(full, max(0, full - window + i)) offers have left
+        leaving = min(full, max(0, full - window + n - 1))
+        if leaving > window - self._pos:  # wraps around the ring's end
+            olds = set(ring[self._pos:]) | set(ring[: leaving - (window - self._pos)])
+        else:
+            olds = set(ring[self._pos : self._pos + leaving])
+        if leaving and not olds.isdisjoint(fps):
+            return None
+        get = counts.get
+        admitted = [k for k, fp in zip(keys, fps, strict=True) if get(fp, 0) >= need]
+        if len(admitted) == n:
+            return admitted, []
+        declined = [k for k, fp in zip(keys, fps, strict=True) if get(fp, 0) < need]
+        return admitted, declined
+
     def record(self, keys: Sequence[ChunkKey], fps: Sequence[int] | None = None) -> None:
         """Count one offer of each key, forgetting the oldest offers past the window
         (``fps``: as ``split``'s)."""
         counts, ring, window = self._counts, self._ring, self.window
-        for fp in fingerprints(keys) if fps is None else fps:
+        fps = fingerprints(keys) if fps is None else fps
+        pos, n = self._pos, len(fps)
+        if len(ring) == window and pos + n <= window:  # full, and no wrap: one slice
+            olds = ring[pos : pos + n]
+            ring[pos : pos + n] = array("Q", fps)
+            self._pos = (pos + n) % window
+            get = counts.get
+            for fp in fps:
+                counts[fp] = get(fp, 0) + 1
+            for old in olds:
+                left = counts[old] - 1
+                if left:
+                    counts[old] = left
+                else:
+                    del counts[old]
+            return
+        for fp in fps:
             counts[fp] = counts.get(fp, 0) + 1
             if len(ring) < window:
                 ring.append(fp)

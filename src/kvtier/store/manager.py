@@ -138,7 +138,11 @@ class ChunkStore:
 
     def lookup(self, keys: Iterable[ChunkKey]) -> list[ChunkState]:
         """The state of each key, in order. Changes nothing (not an access)."""
-        ks = checked_keys(keys)
+        return self.lookup_checked(checked_keys(keys))
+
+    def lookup_checked(self, ks: list[ChunkKey]) -> list[ChunkState]:
+        """``lookup`` of keys a store above this one has already passed through
+        ``checked_keys`` (a list of ``ChunkKey``): not checked again."""
         with self.lock:
             slots = self._slots
             if not self._num_writing and not self._loads:  # nothing in flight: absent or ready

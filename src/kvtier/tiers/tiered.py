@@ -167,7 +167,7 @@ class TieredStore:
         """Host states, with chunks that may be below reported WRITING while promoted."""
         ks = checked_keys(keys)
         with self.lock:
-            states = self.host.lookup(ks)
+            states = self.host.lookup_checked(ks)
             if not self.lower or ChunkState.ABSENT not in states:
                 return states
             now = self._clock()
@@ -177,7 +177,7 @@ class TieredStore:
             if fetch:
                 self._fetching.update(fetch)
                 self._fetch_from(0, _Fetch(fetch, ks))
-                states = self.host.lookup(ks)  # synchronous tiers have promoted already
+                states = self.host.lookup_checked(ks)  # synchronous tiers have promoted
             return [ChunkState.WRITING if s is ChunkState.ABSENT and self._in_flight(k) else s
                     for k, s in zip(ks, states, strict=True)]
 
