@@ -118,7 +118,9 @@ def assess(
     chunk absent), nothing else is looked up. Then classifies the largest candidate's
     chunks (one batched store lookup per group) and walks ``candidates`` (largest first)
     until every kind is settled: the first candidate whose chunks all pass a kind is that
-    kind's best.
+    kind's best. A candidate's groups are classified only while a kind still open can pass
+    there, groups whose chunks need their predecessors first (a window's chunks are not
+    looked up for a candidate whose full-attention chunks already fail).
     """
     walks = [_GroupWalk(gi, g) for gi, g in enumerate(layout.groups)]
     best = [on_device, on_device, on_device]
@@ -128,11 +130,15 @@ def assess(
     for w, common in zip(walks, common_chunks(layout, candidates, on_device), strict=True):
         w.classify(common, chain, states, loading_elsewhere)
         settled = [was or fail for was, fail in zip(settled, w.fails(common), strict=True)]
+    # past the largest candidate, a predecessor group's chunks are all classified already
+    walks.sort(key=lambda w: not coverage.needs_predecessor(w.group))
     for b in candidates:
         if all(settled):
             break
         ok = [True, True, True]
         for w in walks:
+            if not any(good and not done for good, done in zip(ok, settled, strict=True)):
+                break  # no kind left open can pass at ``b``: the rest cannot change that
             chunks = coverage.load_chunks(w.group, b, on_device)
             w.classify(chunks, chain, states, loading_elsewhere)
             ok = [good and not fail for good, fail in zip(ok, w.fails(chunks), strict=True)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from kvtier.coverage import BlockRun
 from kvtier.keys import ChunkKey, KeyChain
@@ -101,8 +102,12 @@ def block_ids_at(
         if len(part) < num or (len(part) > 0 and min(part[0], part[-1]) < 0):
             return None
         return tuple(part)
+    span = row[first : first + num]
+    if len(span) == num and all(type(b) is int for b in span):  # the common case: one pass
+        ints = cast("Sequence[int]", span)
+        return tuple(ints) if not ints or min(ints) >= 0 else None
     ids: list[int] = []
-    for b in row[first : first + num]:
+    for b in span:
         if b is None:
             return None
         if isinstance(b, bool) or not hasattr(b, "__index__"):
