@@ -99,7 +99,7 @@ def ready_at(
     load = _of(layout, load_ranges)
     ranges = [load(gi, b, on_device) for gi in range(len(layout.groups))]
     lasts = [chain.keys(gi, r[-1:]) for gi, r in enumerate(ranges)]
-    if ChunkState.ABSENT in states([*itertools.chain.from_iterable(lasts)]):
+    if _ABSENT in states([*itertools.chain.from_iterable(lasts)]):
         return None
     keys = [chain.keys(gi, r) for gi, r in enumerate(ranges)]
     flat = keys[0] if len(keys) == 1 else [*itertools.chain.from_iterable(keys)]
