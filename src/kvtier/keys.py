@@ -313,10 +313,15 @@ class KeyChain:
     def keys(self, group_index: int, chunks: Iterable[int]) -> list[ChunkKey]:
         """Keys of several chunks; raises if any chunk's tokens are not all known yet."""
         group = self.layout.groups[group_index]
-        chunks = chunks if isinstance(chunks, range) and chunks.step == 1 else list(chunks)
-        if not chunks:
-            return []
-        low, high = min(chunks), max(chunks)
+        if isinstance(chunks, range) and chunks.step == 1:  # the common case: no scan
+            if not chunks:
+                return []
+            low, high = chunks.start, chunks.stop - 1
+        else:
+            chunks = list(chunks)
+            if not chunks:
+                return []
+            low, high = min(chunks), max(chunks)
         if low < 0:
             raise ValueError(f"chunk index must be >= 0, got {low}")
         if (high + 1) * group.tokens_per_chunk + group.lookahead > self.num_tokens:
@@ -325,7 +330,7 @@ class KeyChain:
             return [self.key(group_index, c) for c in chunks]  # type: ignore[misc]
         built = self._built[group_index]  # this group's keys from chunk 0, built once
         tag, per = self._tags[group_index], group.tokens_per_chunk // self._unit
-        if len(built) < low:  # far past the built prefix (a window's last chunks): no cache
+        if len(built) + _NEAR < low:  # far past the built prefix (a long prompt's window)
             keys = _tagged(tag, self._spine[(low + 1) * per - 1 : (high + 1) * per : per])
             return keys if isinstance(chunks, range) else [keys[c - low] for c in chunks]
         if len(built) <= high:
@@ -333,6 +338,11 @@ class KeyChain:
         if isinstance(chunks, range):  # the common case: one slice
             return built[low : high + 1]
         return [built[c] for c in chunks]
+
+
+_NEAR = 64
+"""A window's chunks at most this far past a group's built keys extend them (cached for
+the next lookup) rather than being built apart each time."""
 
 
 def _tagged(tag: bytes, digests: list[bytes]) -> list[ChunkKey]:

@@ -220,9 +220,11 @@ def consumer_hits(layout: Layout, num_prompt_tokens: int) -> list[int]:
     Example: granularity 64, a 256-token prompt: [64, 128, 192, 255]; 257 tokens:
     [64, 128, 192, 256].
     """
-    out: list[int] = []
-    for b in admissible_boundaries(layout, num_prompt_tokens, num_prompt_tokens):
-        h = consumer_hit(b, num_prompt_tokens)
+    out = list(admissible_boundaries(layout, num_prompt_tokens, num_prompt_tokens))
+    # only the last boundary can pass the known tokens' end (a whole-prompt hit): it is
+    # the one ``consumer_hit`` changes, and the one that may repeat its predecessor
+    if out and consumer_hit(out[-1], num_prompt_tokens) != out[-1]:
+        h = consumer_hit(out.pop(), num_prompt_tokens)
         if h > 0 and (not out or h > out[-1]):
             out.append(h)
     return out

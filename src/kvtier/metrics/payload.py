@@ -42,8 +42,9 @@ def snapshot(tiers: Mapping[str, Mapping[str, Any]], planner: Metrics | None = N
     tier's bytes are the planner's bytes loaded into and stored from the engine."""
     out: Payload = {"tiers": {t: {f: snap[f] for f in TIER_COUNTERS} for t, snap in tiers.items()}}
     if planner is not None:
-        counters = planner.as_dict()
-        out["planner"] = {f: counters[f] for f in PLANNER_COUNTERS}
+        # only the counters reported, each dict copied (``Metrics.as_dict`` copies them all)
+        out["planner"] = {f: dict(v) if isinstance(v := getattr(planner, f), dict) else v
+                          for f in PLANNER_COUNTERS}
         host = out["tiers"].get("host")
         if host is not None:
             host["bytes_read"], host["bytes_written"] = planner.bytes_loaded, planner.bytes_stored

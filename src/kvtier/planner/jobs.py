@@ -53,8 +53,13 @@ class JobBook:
         del self._jobs[job_id]
         job = entry[0]
         if direction == "load":
-            self._loading.subtract(c.key for c in job.copies)
-            self._loading += Counter()  # drop zero counts
+            loading = self._loading  # positive counts only: a key in it is being loaded
+            for c in job.copies:
+                n = loading.get(c.key, 0) - 1
+                if n > 0:
+                    loading[c.key] = n
+                else:
+                    loading.pop(c.key, None)
         else:
             self._fences.remove(job_id)
         return entry
@@ -69,11 +74,9 @@ class JobBook:
         return entries
 
     def loading(self) -> Callable[[ChunkKey], bool] | None:
-        """Whether a key is being loaded by a job in flight; None while nothing is."""
-        return self._loading_elsewhere if self._loading else None
-
-    def _loading_elsewhere(self, key: ChunkKey) -> bool:
-        return self._loading[key] > 0 if self._loading else False
+        """Whether a key is being loaded by a job in flight; None while nothing is. The
+        counts are positive (``take`` drops a key at zero), so membership answers it, in C."""
+        return self._loading.__contains__ if self._loading else None
 
     def reading(self, group: int, block_ids: Iterable[int]) -> list[int]:
         """Store jobs still reading any of ``block_ids`` of ``group``, in id order."""

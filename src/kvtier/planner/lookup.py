@@ -39,13 +39,44 @@ class Availability:
     best_soon: int
 
 
+class LoadRanges:
+    """``coverage.load_chunks`` per (group index, boundary, tokens on device), remembered:
+    a planner's lookups ask for the same few boundaries of every request, many times each
+    (``ready_at``, the walk of ``assess``, the hit's keys and chunks). Bounded: forgotten
+    all at once when full. Not locked: the planner calls it under its lock."""
+
+    LIMIT = 1 << 16
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self._groups = layout.groups
+        self._known: dict[tuple[int, int, int], range] = {}
+
+    def __call__(self, gi: int, b: int, on_device: int) -> range:
+        key = (gi, b, on_device)
+        found = self._known.get(key)
+        if found is None:
+            found = coverage.load_chunks(self._groups[gi], b, on_device)
+            if len(self._known) >= self.LIMIT:
+                self._known.clear()
+            self._known[key] = found
+        return found
+
+
+def _of(layout: Layout, ranges: LoadRanges | None) -> LoadRanges:
+    return ranges if ranges is not None and ranges.layout is layout else LoadRanges(layout)
+
+
 def candidate_hits(
-    layout: Layout, num_tokens: int, on_device: int, max_load_tokens: int | None
+    layout: Layout, num_tokens: int, on_device: int, max_load_tokens: int | None,
+    hits: list[int] | None = None,
 ) -> list[int]:
     """The hits a consumer knowing ``num_tokens`` tokens may take past ``on_device`` (and
     within ``max_load_tokens`` of it), largest first: ``coverage.consumer_hits``. Example:
-    granularity 64, 256 tokens, nothing on device: [255, 192, 128, 64]."""
-    hits = coverage.consumer_hits(layout, num_tokens)
+    granularity 64, 256 tokens, nothing on device: [255, 192, 128, 64]. ``hits``: those
+    consumer hits, if known already."""
+    if hits is None:
+        hits = coverage.consumer_hits(layout, num_tokens)
     low = bisect_right(hits, on_device)
     high = len(hits) if max_load_tokens is None else bisect_right(
         hits, on_device + max_load_tokens)
@@ -59,14 +90,16 @@ def ready_at(
     on_device: int,
     states: Callable[[list[ChunkKey]], list[ChunkState]],
     loading_elsewhere: Callable[[ChunkKey], bool] | None,
+    load_ranges: LoadRanges | None = None,
 ) -> list[list[ChunkKey]] | None:
     """The fast path: per group, the key of each chunk a hit at ``b`` (a candidate hit)
     loads (in chunk order), if every one is ready (the common case of a prompt stored
     whole), else None. Each group's last chunk is looked up first: a partial hit or a new
     prompt lacks it."""
-    ranges = [coverage.load_chunks(g, b, on_device) for g in layout.groups]
+    load = _of(layout, load_ranges)
+    ranges = [load(gi, b, on_device) for gi in range(len(layout.groups))]
     lasts = [chain.keys(gi, r[-1:]) for gi, r in enumerate(ranges)]
-    if ChunkState.ABSENT in states([*itertools.chain.from_iterable(lasts)]):
+    if _ABSENT in states([*itertools.chain.from_iterable(lasts)]):
         return None
     keys = [chain.keys(gi, r) for gi, r in enumerate(ranges)]
     flat = keys[0] if len(keys) == 1 else [*itertools.chain.from_iterable(keys)]
@@ -78,13 +111,15 @@ def ready_at(
     return keys
 
 
-def hit_keys(layout: Layout, chain: KeyChain, b: int, on_device: int) -> list[list[ChunkKey]]:
+def hit_keys(layout: Layout, chain: KeyChain, b: int, on_device: int,
+             load_ranges: LoadRanges | None = None) -> list[list[ChunkKey]]:
     """Per group, the key of each chunk a hit at ``b`` loads, in chunk order."""
-    return [chain.keys(gi, coverage.load_chunks(g, b, on_device))
-            for gi, g in enumerate(layout.groups)]
+    load = _of(layout, load_ranges)
+    return [chain.keys(gi, load(gi, b, on_device)) for gi in range(len(layout.groups))]
 
 
-def common_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> list[range]:
+def common_chunks(layout: Layout, candidates: Sequence[int], on_device: int,
+                  load_ranges: LoadRanges | None = None) -> list[range]:
     """Per group, chunks every candidate boundary loads (``candidates`` largest first).
 
     For groups where a chunk is needed only with its predecessor (full attention), load
@@ -94,8 +129,8 @@ def common_chunks(layout: Layout, candidates: Sequence[int], on_device: int) -> 
     range (their ranges may be empty at some boundaries: chunked local attention).
     Example: full attention, 16-token chunks, candidates 64..16, nothing on device: chunk 0.
     """
-    bottom = candidates[-1]
-    return [_common(g, coverage.load_chunks(g, bottom, on_device)) for g in layout.groups]
+    bottom, load = candidates[-1], _of(layout, load_ranges)
+    return [_common(g, load(gi, bottom, on_device)) for gi, g in enumerate(layout.groups)]
 
 
 def _common(group: Group, bottom: range) -> range:
@@ -110,6 +145,7 @@ def assess(
     on_device: int,
     states: Callable[[list[ChunkKey]], list[ChunkState]],
     loading_elsewhere: Callable[[ChunkKey], bool] | None,
+    load_ranges: LoadRanges | None = None,
 ) -> Availability:
     """Classify the chunks the candidates need and find the best boundary of each kind.
 
@@ -118,22 +154,31 @@ def assess(
     chunk absent), nothing else is looked up. Then classifies the largest candidate's
     chunks (one batched store lookup per group) and walks ``candidates`` (largest first)
     until every kind is settled: the first candidate whose chunks all pass a kind is that
-    kind's best.
+    kind's best. A candidate's groups are classified only while a kind still open can pass
+    there, groups whose chunks need their predecessors first (a window's chunks are not
+    looked up for a candidate whose full-attention chunks already fail).
     """
+    load = _of(layout, load_ranges)
     walks = [_GroupWalk(gi, g) for gi, g in enumerate(layout.groups)]
     best = [on_device, on_device, on_device]
     if not candidates:
         return Availability(*best)
     settled = [False, False, False]
-    for w, common in zip(walks, common_chunks(layout, candidates, on_device), strict=True):
+    for w, common in zip(walks, common_chunks(layout, candidates, on_device, load),
+                         strict=True):
         w.classify(common, chain, states, loading_elsewhere)
         settled = [was or fail for was, fail in zip(settled, w.fails(common), strict=True)]
+    # past the largest candidate, a predecessor group's chunks are all classified already
+    walks.sort(key=lambda w: not coverage.needs_predecessor(w.group))
     for b in candidates:
         if all(settled):
             break
         ok = [True, True, True]
         for w in walks:
-            chunks = coverage.load_chunks(w.group, b, on_device)
+            if not ((ok[0] and not settled[0]) or (ok[1] and not settled[1])
+                    or (ok[2] and not settled[2])):
+                break  # no kind left open can pass at ``b``: the rest cannot change that
+            chunks = load(w.gi, b, on_device)
             w.classify(chunks, chain, states, loading_elsewhere)
             ok = [good and not fail for good, fail in zip(ok, w.fails(chunks), strict=True)]
         for which in range(3):
@@ -225,12 +270,13 @@ def _any_in(sorted_chunks: list[int], chunks: range) -> bool:
     return i < len(sorted_chunks) and sorted_chunks[i] < chunks.stop
 
 
-def hit_chunks(layout: Layout, b: int, on_device: int) -> tuple[ChunkRanges, ...]:
+def hit_chunks(layout: Layout, b: int, on_device: int,
+               load_ranges: LoadRanges | None = None) -> tuple[ChunkRanges, ...]:
     """Per group, the chunks a hit at ``b`` loads (``coverage.load_chunks``) as ranges;
     with 16-token chunks of full attention, ``b = 64`` and ``on_device = 16``: chunks
     1..3."""
+    load = _of(layout, load_ranges)
     return tuple(
-        ChunkRanges.of([(r.start, r.stop)]) if (r := coverage.load_chunks(g, b, on_device))
-        else ChunkRanges()
-        for g in layout.groups
+        ChunkRanges.of([(r.start, r.stop)]) if (r := load(gi, b, on_device)) else ChunkRanges()
+        for gi in range(len(layout.groups))
     )

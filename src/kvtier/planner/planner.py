@@ -37,7 +37,7 @@ from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
 from kvtier.planner.binding import BlockTable, ChunkBinder
 from kvtier.planner.jobs import JobBook
-from kvtier.planner.lookup import assess, candidate_hits, hit_chunks, hit_keys, ready_at
+from kvtier.planner.lookup import LoadRanges, assess, candidate_hits, hit_chunks, hit_keys, ready_at
 from kvtier.planner.requests import PendingHit, RequestState, check_computed
 from kvtier.planner.serving import new_chunks, shared_point
 from kvtier.planner.types import (
@@ -80,6 +80,7 @@ class Planner:
         self._requests: dict[str, RequestState] = {}
         self._jobs = JobBook(len(layout.groups))
         self._binder = ChunkBinder(layout)
+        self._load_ranges = LoadRanges(layout)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -143,18 +144,19 @@ class Planner:
 
     def _decide(self, req: RequestState, on_device: int) -> Lookup:
         # every token known may have stored KV: a resumed request's output too
+        ranges, hits = self._load_ranges, req.consumer_hits(self.layout)
         candidates = candidate_hits(
-            self.layout, req.chain.num_tokens, on_device, req.limits.max_load_tokens
+            self.layout, req.chain.num_tokens, on_device, req.limits.max_load_tokens, hits
         )
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
         loading = self._jobs.loading()
         whole = ready_at(self.layout, req.chain, candidates[0], on_device, self.store.lookup,
-                         loading)
+                         loading, ranges)
         if whole is not None:  # the largest hit, all ready: nothing else to look up
             return self._pin_hit(req, candidates[0], on_device, whole)
         avail = assess(
-            self.layout, req.chain, candidates, on_device, self.store.lookup, loading
+            self.layout, req.chain, candidates, on_device, self.store.lookup, loading, ranges
         )
         best = avail.best_ready
         if avail.best_soon > best:
@@ -170,7 +172,7 @@ class Planner:
         if best <= on_device:
             return Lookup(Outcome.MISS, on_device)
         return self._pin_hit(req, best, on_device, hit_keys(self.layout, req.chain, best,
-                                                            on_device))
+                                                            on_device, ranges))
 
     def _pin_hit(
         self, req: RequestState, b: int, on_device: int, keys: list[list[ChunkKey]]
@@ -182,7 +184,7 @@ class Planner:
         call, so a promotion for one group may have evicted a chunk another call found:
         the hit's chunks are then asked for together, and pinned if that brought them all
         back, else the lookup misses."""
-        chunks = hit_chunks(self.layout, b, on_device)
+        chunks = hit_chunks(self.layout, b, on_device, self._load_ranges)
         flat = [*itertools.chain.from_iterable(keys)]
         try:
             handle = self.store.prepare_load(flat)

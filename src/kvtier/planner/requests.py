@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
+from kvtier import coverage
 from kvtier.coverage import BlockRun
 from kvtier.keys import ChunkKey, KeyChain
-from kvtier.layout import Group
+from kvtier.layout import Group, Layout
 from kvtier.planner.types import Lookup, Metrics, RequestLimits
 from kvtier.store.results import LoadHandle
 
@@ -39,6 +41,9 @@ class RequestState:
     pending: list[tuple[int, int]] = field(default_factory=list)
     """(group, chunk) planned but not yet handed to a store job (refused: retried)."""
     hit: PendingHit | None = None
+    hits: list[int] = field(default_factory=list)
+    """``coverage.consumer_hits`` at ``hits_for`` tokens known (``consumer_hits``)."""
+    hits_for: int = -1
     load_jobs: set[int] = field(default_factory=set)
     store_jobs: set[int] = field(default_factory=set)
     wait_deadline: float | None = None
@@ -56,6 +61,14 @@ class RequestState:
         if self.limits.max_store_tokens is not None:
             cap = min(cap, self.limits.max_store_tokens)
         return cap
+
+    def consumer_hits(self, layout: Layout) -> list[int]:
+        """``coverage.consumer_hits`` of the tokens known, found again only when they
+        changed: a request looked up again after waiting reuses them."""
+        if self.hits_for != self.chain.num_tokens:
+            self.hits_for = self.chain.num_tokens
+            self.hits = coverage.consumer_hits(layout, self.hits_for)
+        return self.hits
 
     @property
     def idle(self) -> bool:
@@ -101,8 +114,12 @@ def block_ids_at(
         if len(part) < num or (len(part) > 0 and min(part[0], part[-1]) < 0):
             return None
         return tuple(part)
+    span = row[first : first + num]
+    if len(span) == num and all(type(b) is int for b in span):  # the common case: one pass
+        ints = cast("Sequence[int]", span)
+        return tuple(ints) if not ints or min(ints) >= 0 else None
     ids: list[int] = []
-    for b in row[first : first + num]:
+    for b in span:
         if b is None:
             return None
         if isinstance(b, bool) or not hasattr(b, "__index__"):

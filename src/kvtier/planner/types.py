@@ -168,4 +168,8 @@ class Metrics:
 
     def _counters(self) -> list[tuple[str, Any]]:
         # the fields, not vars(): a compiled dataclass has no __dict__
-        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+        return [(name, getattr(self, name)) for name in _METRIC_NAMES]
+
+
+_METRIC_NAMES = tuple(f.name for f in fields(Metrics))
+"""``Metrics``' field names, found once (``dataclasses.fields`` walks the class)."""

@@ -164,7 +164,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
         horizon = request.num_computed_tokens + out.num_scheduled_tokens[req_id] - drafts
         return StepRequest(req_id, block_ids, full, horizon, request.all_token_ids,
-                           state_blocks(self.layout, offloads))
+                           state_blocks(self.layout, offloads) if offloads else ())
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if self._tally is not None:

@@ -305,6 +305,8 @@ class ConnectorScheduler:
 
     def _store(self, s: StepRequest) -> TransferJob | None:
         req = self._requests[s.request_id]
+        if s.horizon <= req.prior_horizon:  # before len(): vLLM's token list is slow at it
+            return None
         horizon = min(s.horizon, len(s.tokens))
         if horizon <= req.prior_horizon:
             return None
