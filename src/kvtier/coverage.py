@@ -69,6 +69,7 @@ __all__ = [
     "consumer_hit",
     "consumer_hits",
     "dense_chunks",
+    "dense_delta",
     "first_boundary",
     "hits_served",
     "load_chunks",
@@ -216,17 +217,16 @@ def store_delta(
 ) -> ChunkRanges:
     """``store_set(new_horizon) - store_set(old_horizon)``, without recomputing either.
 
-    Used by a dense producer after each step (``serve_delta`` over the boundaries passed,
-    once per layout, group and pair of boundary counts)."""
+    A dense producer's, after each step (``dense_delta``: by counts of boundaries passed)."""
     if new_horizon < old_horizon:
         raise ValueError(f"horizon went backwards: {old_horizon} -> {new_horizon}")
-    return _dense_delta(layout, group_index, len(admissible_boundaries(layout, old_horizon)),
-                        len(admissible_boundaries(layout, new_horizon)))
+    return dense_delta(layout, group_index, len(admissible_boundaries(layout, old_horizon)),
+                       len(admissible_boundaries(layout, new_horizon)))
 
 
 @functools.lru_cache(maxsize=4096)
-def _dense_delta(layout: Layout, group_index: int, old: int, new: int) -> ChunkRanges:
-    """``store_delta`` from the first ``old`` boundaries to the first ``new``, once each."""
+def dense_delta(layout: Layout, group_index: int, old: int, new: int) -> ChunkRanges:
+    """``store_delta`` from the first ``old`` admissible boundaries to the first ``new``."""
     g = layout.hit_granularity
     bounds = range(g, g * new + 1, g)
     return serve_delta(layout, group_index, bounds[:old], bounds[old:])

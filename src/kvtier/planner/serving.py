@@ -34,19 +34,15 @@ def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, i
     passed = new_n > old_n
     if mode == "dense":  # store_delta of every group: the same for every request
         return list(_dense_chunks(layout, old_n, new_n)) if passed else []
-    if not passed and (mode == "dense"
-                       or not req.stored_horizon < req.store_cap(req.num_prompt) <= cap):
+    if not passed and not req.stored_horizon < req.store_cap(req.num_prompt) <= cap:
         return []  # no boundary nor the prompt's end passed (most decoding steps)
-    fresh: list[int] = []
-    if mode != "dense":
-        last = req.served[-1] if req.served else 0
-        fresh = boundaries.newly_served(layout, mode, last, cap,
-                                        prompt_end=req.store_cap(req.num_prompt),
-                                        num_prompt=req.num_prompt, shared=req.shared_point)
+    last = req.served[-1] if req.served else 0
+    fresh = boundaries.newly_served(layout, mode, last, cap,
+                                    prompt_end=req.store_cap(req.num_prompt),
+                                    num_prompt=req.num_prompt, shared=req.shared_point)
     out: list[tuple[int, int]] = []
     for gi, group in enumerate(layout.groups):
-        if mode == "dense" or not boundaries.prunable(
-                group, prune_chunked_local=req.limits.prune_chunked_local):
+        if not boundaries.prunable(group, prune_chunked_local=req.limits.prune_chunked_local):
             delta = coverage.store_delta(layout, gi, req.stored_horizon, cap)
         else:
             delta = coverage.serve_delta(layout, gi, req.served, fresh)
@@ -58,11 +54,9 @@ def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, i
 @functools.lru_cache(maxsize=4096)
 def _dense_chunks(layout: Layout, old_n: int, new_n: int) -> tuple[tuple[int, int], ...]:
     """``new_chunks`` of a dense producer whose capped horizon passes from ``old_n``
-    admissible boundaries to ``new_n`` (``coverage.store_delta`` of every group)."""
-    g, la = layout.hit_granularity, layout.max_stored_lookahead
-    old, new = old_n * g + la, new_n * g + la  # horizons with that many boundaries admissible
+    admissible boundaries to ``new_n`` (``coverage.dense_delta`` of every group)."""
     return tuple((gi, c) for gi in range(len(layout.groups))
-                 for c in coverage.store_delta(layout, gi, old, new))
+                 for c in coverage.dense_delta(layout, gi, old_n, new_n))
 
 
 def shared_point(
