@@ -128,11 +128,16 @@ class ChunkBinder:
                 for c, p in zip(live, wanted, strict=True)]
 
     @staticmethod
-    def copies(handle: StoreHandle, by_key: dict[ChunkKey, LiveChunk]) -> tuple[PlannedCopy, ...]:
-        """One copy per key the store reserved a slot for."""
+    def copies(handle: StoreHandle, keys: Sequence[ChunkKey], live: Sequence[LiveChunk]
+               ) -> tuple[PlannedCopy, ...]:
+        """One copy per key the store reserved a slot for; ``keys[i]`` is ``live[i]``'s."""
+        index = _subsequence(keys, handle.keys)
+        if index is None:  # a store that reordered the keys: found by key
+            where = {k: i for i, k in enumerate(keys)}
+            index = [where[k] for k in handle.keys]
         out = []
-        for k, slot in zip(handle.keys, handle.slots, strict=True):
-            c = by_key[k]
+        for k, slot, i in zip(handle.keys, handle.slots, index, strict=True):
+            c = live[i]
             out.append(PlannedCopy(c.group, c.chunk, k, slot, c.block_ids, c.first_block))
         return tuple(out)
 
@@ -155,3 +160,18 @@ class ChunkBinder:
     def num_bytes(self, copies: Iterable[PlannedCopy]) -> int:
         """The layout's bytes of ``copies`` (0 for a group that gives no bytes per token)."""
         return sum(self.layout.groups[c.group].bytes_per_chunk or 0 for c in copies)
+
+
+def _subsequence(keys: Sequence[ChunkKey], wanted: Sequence[ChunkKey]) -> list[int] | None:
+    """The positions in ``keys`` of ``wanted``, found in one walk (no key hashed), or None
+    unless ``wanted`` is a subsequence of ``keys``: a store hands back the keys it reserved
+    in the order offered. Example: keys ``a b c``, wanted ``a c`` -> ``[0, 2]``."""
+    out, j, n = [], 0, len(keys)
+    for k in wanted:
+        while j < n and keys[j] != k:
+            j += 1
+        if j == n:
+            return None
+        out.append(j)
+        j += 1
+    return out

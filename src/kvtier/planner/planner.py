@@ -307,7 +307,7 @@ class Planner:
         if not handle.keys:
             self.store.complete_store(handle, True)
             return None
-        copies = self._binder.copies(handle, dict(zip(keys, live, strict=True)))
+        copies = self._binder.copies(handle, keys, live)
         job = TransferJob(self._jobs.next_id(), req.request_id, "store", copies)
         self._jobs.add(job, handle)
         req.store_jobs.add(job.id)

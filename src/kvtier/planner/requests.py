@@ -114,10 +114,15 @@ def block_ids_at(
         if len(part) < num or (len(part) > 0 and min(part[0], part[-1]) < 0):
             return None
         return tuple(part)
-    span = row[first : first + num]
-    if len(span) == num and all(type(b) is int for b in span):  # the common case: one pass
-        ints = cast("Sequence[int]", span)
-        return tuple(ints) if not ints or min(ints) >= 0 else None
+    span = tuple(row[first : first + num])
+    if len(span) == num:  # the common case, ints only: one plain loop (the compiled build
+        negative = False  # runs it several times faster than all() and min())
+        for b in span:
+            if type(b) is not int:
+                break
+            negative = negative or cast(int, b) < 0
+        else:
+            return None if negative else cast("tuple[int, ...]", span)
     ids: list[int] = []
     for b in span:
         if b is None:

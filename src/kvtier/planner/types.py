@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from kvtier.boundaries import BoundaryMode, check_mode
 from kvtier.coverage import ChunkRanges
@@ -44,13 +44,14 @@ class Lookup:
         return sum(len(c) for c in self.chunks)
 
 
-@dataclass(frozen=True, slots=True)
-class PlannedCopy:
+class PlannedCopy(NamedTuple):
     """One chunk's bytes between tier slot ``slot`` and engine blocks.
 
     ``block_ids[i]`` is chunk-relative block ``first_block + i`` of chunk ``chunk`` of group
     ``group``. Example: with 4 blocks per chunk, ``first_block=3, block_ids=(41,)`` moves
-    the chunk's last block to or from engine block 41.
+    the chunk's last block to or from engine block 41. A named tuple: immutable, pickled
+    as a tuple, and made a few times faster than a frozen dataclass in the compiled build
+    (a store job makes one per chunk).
     """
 
     group: int
@@ -59,12 +60,6 @@ class PlannedCopy:
     slot: int
     block_ids: tuple[int, ...]
     first_block: int = 0
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled through the constructor: vLLM sends it between processes, and the
-        compiled build's frozen classes refuse the default pickle's attribute writes."""
-        return (PlannedCopy, (self.group, self.chunk, self.key, self.slot, self.block_ids,
-                              self.first_block))
 
 
 @dataclass(frozen=True)
