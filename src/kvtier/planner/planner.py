@@ -39,7 +39,7 @@ from kvtier.planner.binding import BlockTable, ChunkBinder
 from kvtier.planner.jobs import JobBook
 from kvtier.planner.lookup import LoadRanges, assess, candidate_hits, hit_chunks, hit_keys, ready_at
 from kvtier.planner.requests import PendingHit, RequestState, check_computed
-from kvtier.planner.serving import new_chunks, shared_point
+from kvtier.planner.serving import DenseChunks, new_chunks, shared_point
 from kvtier.planner.types import (
     LoadResult,
     Lookup,
@@ -81,6 +81,7 @@ class Planner:
         self._jobs = JobBook(len(layout.groups))
         self._binder = ChunkBinder(layout)
         self._load_ranges = LoadRanges(layout)
+        self._dense = DenseChunks(layout)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -279,7 +280,7 @@ class Planner:
         cap = req.store_cap(horizon)
         if cap <= req.stored_horizon:
             return
-        chunks = new_chunks(self.layout, req, cap)
+        chunks = new_chunks(self.layout, req, cap, self._dense)
         req.stored_horizon = cap
         if not chunks:  # most decoding steps
             return

@@ -15,7 +15,6 @@ tokens, hits at 64.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 from kvtier import boundaries, coverage
@@ -25,7 +24,8 @@ from kvtier.planner.requests import RequestState
 from kvtier.store.results import ChunkState
 
 
-def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, int]]:
+def new_chunks(layout: Layout, req: RequestState, cap: int, dense: DenseChunks
+               ) -> list[tuple[int, int]]:
     """(group, chunk) pairs that become storable as the capped horizon reaches ``cap``;
     records the boundaries the request now serves."""
     mode = req.limits.boundaries
@@ -33,7 +33,7 @@ def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, i
     new_n = len(coverage.admissible_boundaries(layout, cap))
     passed = new_n > old_n
     if mode == "dense":  # store_delta of every group: the same for every request
-        return list(_dense_chunks(layout, old_n, new_n)) if passed else []
+        return dense.between(old_n, new_n) if passed else []
     if not passed and not req.stored_horizon < req.store_cap(req.num_prompt) <= cap:
         return []  # no boundary nor the prompt's end passed (most decoding steps)
     last = req.served[-1] if req.served else 0
@@ -51,12 +51,32 @@ def new_chunks(layout: Layout, req: RequestState, cap: int) -> list[tuple[int, i
     return out
 
 
-@functools.lru_cache(maxsize=4096)
-def _dense_chunks(layout: Layout, old_n: int, new_n: int) -> tuple[tuple[int, int], ...]:
-    """``new_chunks`` of a dense producer whose capped horizon passes from ``old_n``
-    admissible boundaries to ``new_n`` (``coverage.dense_delta`` of every group)."""
-    return tuple((gi, c) for gi in range(len(layout.groups))
-                 for c in coverage.dense_delta(layout, gi, old_n, new_n))
+class DenseChunks:
+    """A dense producer's new chunks by admissible boundaries passed, for one layout.
+
+    ``coverage.dense_delta`` of each single boundary (the chunks serving it adds), asked
+    once and kept per group in a list indexed by boundary count: a step from ``old`` to
+    ``new`` boundaries joins those of ``old .. new - 1``, whatever steps earlier requests
+    took, with no per-chunk work but copying pairs. The same chunks in the same order as
+    ``dense_delta(old, new)`` (group outermost, ascending): store sets only grow, and
+    since both ends of ``required`` never decrease as the boundary grows, each boundary's
+    new chunks lie past the previous one's.
+    """
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self._added: list[list[tuple[tuple[int, int], ...]]] = [[] for _ in layout.groups]
+
+    def between(self, old: int, new: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for gi, added in enumerate(self._added):
+            while len(added) < new:
+                k = len(added)
+                delta = coverage.dense_delta(self.layout, gi, k, k + 1)
+                added.append(tuple((gi, c) for c in delta))
+            for k in range(old, new):
+                out.extend(added[k])
+        return out
 
 
 def shared_point(
