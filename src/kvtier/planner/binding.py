@@ -10,7 +10,6 @@ blocks while a store job reads them are the job book's (``kvtier.planner.jobs``)
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
 
 from kvtier import coverage
 from kvtier.keys import ChunkKey
@@ -22,14 +21,22 @@ from kvtier.store.results import StoreHandle
 BlockTable = Sequence[Sequence[int | None]]
 
 
-class LiveChunk(NamedTuple):
+class LiveChunk:
     """A planned chunk whose blocks the engine still holds: ``block_ids`` are chunk-relative
-    blocks ``first_block ..``. Example: ``LiveChunk(1, 3, 2, (40, 41))``."""
+    blocks ``first_block ..``. Example: ``LiveChunk(1, 3, 2, (40, 41))``. A plain class: the
+    compiled build makes one and reads its fields several times faster than a named tuple's
+    (a store job has one per chunk)."""
 
-    group: int
-    chunk: int
-    first_block: int
-    block_ids: tuple[int, ...]
+    def __init__(self, group: int, chunk: int, first_block: int, block_ids: tuple[int, ...]
+                 ) -> None:
+        self.group = group
+        self.chunk = chunk
+        self.first_block = first_block
+        self.block_ids = block_ids
+
+    def __repr__(self) -> str:
+        return (f"LiveChunk({self.group}, {self.chunk}, {self.first_block}, "
+                f"{self.block_ids})")
 
 
 class ChunkBinder:

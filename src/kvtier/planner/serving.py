@@ -54,13 +54,16 @@ def new_chunks(layout: Layout, req: RequestState, cap: int, dense: DenseChunks
 class DenseChunks:
     """A dense producer's new chunks by admissible boundaries passed, for one layout.
 
-    ``coverage.dense_delta`` of each single boundary (the chunks serving it adds), asked
-    once and kept per group in a list indexed by boundary count: a step from ``old`` to
-    ``new`` boundaries joins those of ``old .. new - 1``, whatever steps earlier requests
-    took, with no per-chunk work but copying pairs. The same chunks in the same order as
-    ``dense_delta(old, new)`` (group outermost, ascending): store sets only grow, and
-    since both ends of ``required`` never decrease as the boundary grows, each boundary's
-    new chunks lie past the previous one's.
+    The chunks serving each single boundary adds (``coverage.dense_delta`` from ``k`` to
+    ``k + 1`` boundaries), kept per group in a list indexed by boundary count: a step from
+    ``old`` to ``new`` boundaries joins those of ``old .. new - 1``, whatever steps earlier
+    requests took, with no per-chunk work but copying pairs. The same chunks in the same
+    order as ``dense_delta(old, new)`` (group outermost, ascending): store sets only grow,
+    and since both ends of ``required`` never decrease as the boundary grows, each
+    boundary's new chunks lie past the previous one's. Boundaries not seen yet are asked
+    for together (one ``dense_delta``) and each chunk is filed under the boundary that adds
+    it, its ``coverage.first_boundary``; where that does not come out ascending within the
+    range, boundary by boundary.
     """
 
     def __init__(self, layout: Layout) -> None:
@@ -70,13 +73,27 @@ class DenseChunks:
     def between(self, old: int, new: int) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
         for gi, added in enumerate(self._added):
-            while len(added) < new:
-                k = len(added)
-                delta = coverage.dense_delta(self.layout, gi, k, k + 1)
-                added.append(tuple((gi, c) for c in delta))
+            if len(added) < new:
+                self._fill(gi, added, new)
             for k in range(old, new):
                 out.extend(added[k])
         return out
+
+    def _fill(self, gi: int, added: list[tuple[tuple[int, int], ...]], new: int) -> None:
+        layout, start = self.layout, len(added)
+        g = layout.hit_granularity
+        per: list[list[tuple[int, int]]] = [[] for _ in range(new - start)]
+        last = 0
+        for c in coverage.dense_delta(layout, gi, start, new):
+            k = coverage.first_boundary(layout, gi, c) // g - 1 - start
+            if not last <= k < len(per):  # not ascending in range: boundary by boundary
+                for k in range(start, new):
+                    delta = coverage.dense_delta(layout, gi, k, k + 1)
+                    added.append(tuple((gi, c) for c in delta))
+                return
+            per[k].append((gi, c))
+            last = k
+        added.extend(tuple(p) for p in per)
 
 
 def shared_point(
