@@ -67,13 +67,13 @@ LAYOUTS = {
 FIGURES = ("lookup", "lookup_prebuilt", "prefill_step", "decode_step")
 TARGET_RATIO = 0.5
 NATIVE_RECORDED_MS = {
-    "full": {"lookup": 35.1, "lookup_prebuilt": 0.60, "prefill_step": 0.31,
-             "decode_step": 0.031},
-    "hybrid": {"lookup": 37.1, "lookup_prebuilt": 0.85, "prefill_step": 0.44,
-               "decode_step": 0.050},
+    "full": {"lookup": 19.2, "lookup_prebuilt": 0.72, "prefill_step": 0.35,
+             "decode_step": 0.033},
+    "hybrid": {"lookup": 20.1, "lookup_prebuilt": 1.06, "prefill_step": 0.47,
+               "decode_step": 0.052},
 }
-"""vLLM 0.33's native figures as this script measured them (2-core shared VM, 2026-12-02):
-used only where vLLM is not importable."""
+"""vLLM 0.33's native figures as this script measured them (CPU time, best of 3; 2-core
+shared VM, 2026-12-02): used only where vLLM is not importable."""
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 clock = time.thread_time
 """The timer (``--clock``): this thread's CPU time by default, as benchmarks/vllm_connector.py,
