@@ -29,7 +29,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from kvtier.transfer.copies import ChunkCopy, Direction, SlotRef
+from kvtier.transfer.copies import ChunkCopy, Direction, SlotRef, as_copies
 from kvtier.transfer.slots import slot_addresses
 from kvtier.transfer.views import GroupView
 
@@ -98,12 +98,15 @@ class Batch:
 @dataclass(frozen=True)
 class _Table:
     """A job's copies as arrays: one entry per copy, block ids flat (``starts`` into them),
-    and their slots. ``rows``: every slot as a slab row index, where the compiled build read
-    them all as ints (else None: :func:`~kvtier.transfer.slots.slot_addresses` reads them);
-    ``runs``: whether each copy's block ids are consecutive, where the compiled build read
-    that (else None: :meth:`consecutive` computes it)."""
+    and their slots. Where the compiled build read them (``_native.read_job``), also:
+    ``rows``, every slot as a slab row index, where all are ints; ``runs``, whether each
+    copy's block ids are consecutive; ``bad``, the first copy out of range (-1: none);
+    ``uniform``, whether the copies form one batch in slot order already (one group, shape
+    and run flag; ascending rows); ``repeated``, whether a load writes an engine block twice
+    or a store names a slab row twice (-1: not known). Else None, False, -1: the methods and
+    the plan's own checks compute them."""
 
-    copies: Sequence[ChunkCopy]
+    copies: tuple[ChunkCopy, ...]
     groups: np.ndarray
     firsts: np.ndarray
     counts: np.ndarray
@@ -112,24 +115,36 @@ class _Table:
     slots: list[SlotRef]
     rows: np.ndarray | None = None
     runs: np.ndarray | None = None
+    bad: int | None = None
+    uniform: bool = False
+    repeated: int = -1
 
     @classmethod
-    def of(cls, copies: Sequence[ChunkCopy]) -> _Table:
-        n = len(copies)
-        read = _native.read_copies(copies) if _native is not None \
-            and isinstance(copies, list) else None
-        if read is not None:  # one C pass over the copies (4,096 copies: 0.1 ms, not 1.5)
-            flat, ints, slots = np.frombuffer(read[0], np.int64), read[1], read[2]
-            counts = flat[2 * n : 3 * n]
-            return cls(copies, flat[:n], flat[n : 2 * n], counts, np.cumsum(counts) - counts,
-                       flat[5 * n :], slots, flat[3 * n : 4 * n] if ints else None,
-                       flat[4 * n : 5 * n] != 0)
-        id_tuples = list(map(_IDS, copies))
+    def of(cls, copies: Sequence[ChunkCopy] | ChunkCopy, views: Sequence[GroupView],
+           slab: torch.Tensor | None, load: bool) -> _Table:
+        """The job's table; ``ValueError`` where a copy is not a :class:`ChunkCopy`."""
+        if _native is not None and isinstance(copies, list):  # one C pass: reads, checks
+            limits = np.array([(v.num_blocks, v.blocks_per_slot) for v in views], np.int64)
+            read = _native.read_job(copies, ChunkCopy, limits[:, 0].copy(),
+                                    limits[:, 1].copy(),
+                                    0 if slab is None else slab.shape[0], load)
+            read_copies = tuple(copies)
+            if read is not None and len(read[2]) == len(read_copies):
+                n = len(read_copies)
+                flat, ints, slots = np.frombuffer(read[0], np.int64), read[1], read[2]
+                counts = flat[2 * n : 3 * n]
+                return cls(read_copies, flat[:n], flat[n : 2 * n], counts,
+                           np.cumsum(counts) - counts, flat[5 * n :], slots,
+                           flat[3 * n : 4 * n] if ints else None, flat[4 * n : 5 * n] != 0,
+                           read[3], read[4], read[5])
+        items = as_copies(copies)
+        n = len(items)
+        id_tuples = list(map(_IDS, items))
         counts = np.fromiter(map(len, id_tuples), np.int64, n)
         ids = np.fromiter(itertools.chain.from_iterable(id_tuples), np.int64, int(counts.sum()))
-        return cls(copies, np.fromiter(map(_GROUP, copies), np.int64, n),
-                   np.fromiter(map(_FIRST, copies), np.int64, n),
-                   counts, np.cumsum(counts) - counts, ids, list(map(_SLOT, copies)))
+        return cls(tuple(items), np.fromiter(map(_GROUP, items), np.int64, n),
+                   np.fromiter(map(_FIRST, items), np.int64, n),
+                   counts, np.cumsum(counts) - counts, ids, list(map(_SLOT, items)))
 
     def shape_keys(self) -> np.ndarray:
         """One integer per copy, equal for copies of one group and shape."""
@@ -160,26 +175,33 @@ class _Table:
 
 
 def plan_job(
-    views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy],
+    views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy] | ChunkCopy,
     slab: torch.Tensor | None = None,
 ) -> list[Batch]:
-    """Check every copy of a job and group it into batches (raises ``ValueError``).
+    """Check every copy of a job (one copy, or a sequence) and group it into batches (raises
+    ``ValueError``).
 
     ``slab``: the registered slab (:func:`kvtier.transfer.slots.register_slab`) whose rows
     copies may name by index."""
-    if not copies:
+    table = _Table.of(copies, views, slab, direction == "load")
+    if not table.copies:
         return []
-    table = _Table.of(copies)
-    bad = table.first_bad(views)
-    if bad is not None:
-        _check_copy(views, bad, copies[bad])
+    bad = table.first_bad(views) if table.bad is None else table.bad
+    if bad is not None and bad >= 0:
+        _check_copy(views, bad, table.copies[bad])
     need = np.array([v.chunk_bytes for v in views], np.int64)[table.groups]
     slots, ptrs = slot_addresses(table.slots, need, slab, table.rows)
-    if direction == "store":
+    if table.repeated == 0:
+        pass  # read_job found no repeated block (load) or slab row (store: disjoint bytes)
+    elif direction == "store":
         if slab is None or table.rows is None or not _distinct(table.rows, slab.shape[0]):
             _check_slots_distinct(views, table, ptrs)  # (distinct rows: disjoint bytes)
     else:
         _check_blocks_distinct(views, table)
+    if table.uniform:  # one batch, in slot order already
+        ids = table.ids.reshape(len(table.copies), int(table.counts[0])).T
+        return [Batch(views[int(table.groups[0])], table.copies, tuple(slots),
+                      np.ascontiguousarray(ids), ptrs, bool(table.consecutive()[0]), slab)]
     return _batches(views, table, slots, ptrs, slab)
 
 
