@@ -157,7 +157,7 @@ def _read(copies: list, num_blocks: tuple[int, ...] = (2**41,) * 3,
     from kvtier.transfer import ChunkCopy
 
     return _native.read_job(copies, ChunkCopy, np.array(num_blocks, np.int64),
-                            np.array(per_slot, np.int64), rows, load)
+                            np.array(per_slot, np.int64), rows, 1000, 100, load)
 
 
 def test_read_job_reads_what_python_reads() -> None:
@@ -190,30 +190,33 @@ def test_read_job_reads_what_python_reads() -> None:
     object.__setattr__(weird, "block_ids", [1])  # not a tuple
     assert _read([weird]) is None
     assert _read([object()]) is None
-    table, ints, slots, bad, uniform, _ = _read([])
-    assert len(table) == 0 and ints and slots == [] and bad == -1 and not uniform
+    table, ints, slots, bad, batch, _ = _read([])
+    assert len(table) == 0 and ints and slots == [] and bad == -1 and batch is None
 
 
 def test_read_job_checks_what_the_plan_checks() -> None:
     """bad: the first copy whose group, chunk positions or block ids are out of range;
-    uniform: one group, shape and run flag, slots ascending rows; repeated: an engine block
-    loaded twice (per group) or a slab row stored twice, -1 where not known."""
+    repeated: an engine block loaded twice (per group) or a slab row stored twice, -1 where
+    not known; one batch (ids by position, then slot addresses) where the copies share a
+    group, shape and run flag, name ascending slab rows and pass every check."""
     from kvtier.transfer import ChunkCopy
 
     def facts(copies: list, rows: int = 8, load: bool = False) -> tuple:
-        return _read(copies, (10, 6), (4, 1), rows, load)[3:]
+        bad, batch, repeated = _read(copies, (10, 6), (4, 1), rows, load)[3:]
+        return bad, None if batch is None else np.frombuffer(batch, np.int64).tolist(), repeated
 
     good = [ChunkCopy(0, 1, (3, 9)), ChunkCopy(0, 2, (7, 1)), ChunkCopy(0, 2, (4, 5))]
-    assert facts(good) == (-1, False, 1)  # row 2 twice: the caller checks the bytes
-    assert facts(good, load=True) == (-1, False, 0)
-    assert facts(good[:2], load=True) == (-1, True, 0)
-    assert facts([*good[:2], ChunkCopy(0, 3, (1, 8))], load=True) == (-1, True, 1)
-    assert facts([*good[:2], ChunkCopy(1, 3, (5,))], load=True) == (-1, False, 0)
+    assert facts(good) == (-1, None, 1)  # row 2 twice: the caller checks the bytes
+    assert facts(good, load=True) == (-1, None, 0)
+    assert facts(good[:2], load=True) == (-1, [3, 7, 9, 1, 1100, 1200], 0)
+    assert facts([*good[:2], ChunkCopy(0, 3, (1, 8))], load=True) == (-1, None, 1)
+    assert facts([*good[:2], ChunkCopy(1, 3, (5,))], load=True) == (-1, None, 0)
     for bad in (ChunkCopy(2, 3, (1,)), ChunkCopy(0, 3, (10,)), ChunkCopy(1, 3, (6,)),
                 ChunkCopy(0, 3, (1, 2), first_block=3), ChunkCopy(1, 3, (1,), first_block=1)):
-        assert facts([*good, bad, ChunkCopy(0, 2, (99,))]) == (3, False, -1)
-    assert facts(good[:2], rows=2) == (-1, True, -1)  # row 2 outside: slot_addresses says so
-    assert facts([ChunkCopy(0, 2, (1,)), ChunkCopy(0, 1, (2,))]) == (-1, False, 0)
+        assert facts([*good, bad, ChunkCopy(0, 2, (99,))]) == (3, None, -1)
+    assert facts(good[:2], rows=2) == (-1, None, -1)  # row 2 outside: slot_addresses says so
+    assert facts([ChunkCopy(0, 2, (1,)), ChunkCopy(0, 1, (2,))]) == (-1, None, 0)
     assert facts([ChunkCopy(0, 1, (1,)), ChunkCopy(0, np.zeros(8, np.uint8), (2,))]) \
-        == (-1, False, -1)
-    assert facts([ChunkCopy(0, 1, (1, 2)), ChunkCopy(0, 2, (4, 5))]) == (-1, True, 0)
+        == (-1, None, -1)
+    assert facts([ChunkCopy(0, 1, (1, 2)), ChunkCopy(0, 2, (4, 5))]) \
+        == (-1, [1, 4, 2, 5, 1100, 1200], 0)

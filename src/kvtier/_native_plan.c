@@ -97,18 +97,20 @@ prefetch_copies(const Reader *r, PyObject *copies, Py_ssize_t i, Py_ssize_t n)
 }
 
 /* What read_job checks a job against: per group (`groups` of them), its engine blocks and
- * the blocks of one chunk; the registered slab's rows (0: none); whether the job is a load
- * (else a store). */
+ * the blocks of one chunk; the registered slab's rows (0: none), its address and row bytes;
+ * whether the job is a load (else a store). */
 typedef struct {
     const int64_t *num_blocks, *per_slot;
     Py_ssize_t groups, slab_rows;
+    long long slab_ptr, row_bytes;
     int load;
 } Limits;
 
 /* A job's table as it is read: the bytearray read_job returns (n copies: 5 columns, then the
- * ids, `total` so far), and the checks so far: `bad`, `uniform`, and `seen`, a bit per engine
- * block (load: group g's blocks from base[g]) or slab row (store) named so far, NULL once
- * `repeated` is known or cannot be (see read_job). */
+ * ids, `total` so far), and the checks so far: `bad`; `uniform`, whether every copy so far
+ * has copy 0's group, shape and run flag and a slab row, rows ascending; and `seen`, a bit
+ * per engine block (load: group g's blocks from base[g]) or slab row (store) named so far,
+ * NULL once `repeated` is known or cannot be (see read_job). */
 typedef struct {
     PyObject *out;
     Py_ssize_t n, total, cap, bad;
@@ -152,9 +154,11 @@ table_check(Table *t, const Limits *lim, Py_ssize_t i, const int64_t *ids)
         t->bad = i, t->uniform = 0;
         return;
     }
-    if (i > 0 && t->uniform)
-        t->uniform = t->ints && g == c[0] && c[n + i] == c[n] && m == c[2 * n]
-                     && c[4 * n + i] == c[4 * n] && c[3 * n + i] >= c[3 * n + i - 1];
+    if (t->uniform)
+        t->uniform = t->ints && c[3 * n + i] < lim->slab_rows
+                     && (i == 0 || (g == c[0] && c[n + i] == c[n] && m == c[2 * n]
+                                    && c[4 * n + i] == c[4 * n]
+                                    && c[3 * n + i] >= c[3 * n + i - 1]));
     if (t->seen == NULL)
         return;
     if (lim->load) {
@@ -242,7 +246,26 @@ table_start(Table *t, const Limits *lim, Py_ssize_t n)
     return 0;
 }
 
-/* (table, slots_are_ints, slots, bad, uniform, repeated) as read_job returns them, or None
+/* A uniform job of n copies (m blocks each, ids flat by copy) as one batch: a bytearray of
+ * int64, ids[p, i] (block position p of copy i), then each copy's slot address. */
+static PyObject *
+one_batch(const Limits *lim, const int64_t *c, Py_ssize_t n)
+{
+    Py_ssize_t m = c[2 * n];
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, (m + 1) * n * 8);
+    if (out == NULL)
+        return NULL;
+    int64_t *o = (int64_t *)PyByteArray_AS_STRING(out);
+    const int64_t *ids = c + 5 * n, *rows = c + 3 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (Py_ssize_t p = 0; p < m; p++)
+            o[p * n + i] = ids[i * m + p];
+        o[m * n + i] = lim->slab_ptr + rows[i] * lim->row_bytes;
+    }
+    return out;
+}
+
+/* (table, slots_are_ints, slots, bad, batch, repeated) as read_job returns them, or None
  * where a copy is not a `kind` or not what one holds, or NULL with an exception set. */
 static PyObject *
 read_all(PyObject *copies, PyTypeObject *kind, const Limits *lim)
@@ -273,10 +296,15 @@ read_all(PyObject *copies, PyTypeObject *kind, const Limits *lim)
     }
     PyMem_Free(t.seen);
     PyMem_Free(t.base);
+    PyObject *batch = NULL;
+    if (ok == 1 && n > 0 && t.uniform && t.bad < 0 && t.repeated == 0
+        && (batch = one_batch(lim, table_cols(&t), n)) == NULL)
+        ok = -1;
     if (ok == 1 && PyByteArray_Resize(t.out, (5 * n + t.total) * 8) == 0)
         out = Py_BuildValue("(OOOnOn)", t.out, t.ints ? Py_True : Py_False, slots, t.bad,
-                            t.uniform && t.ints && n > 0 ? Py_True : Py_False,
+                            batch != NULL ? batch : Py_None,
                             (Py_ssize_t)(t.bad >= 0 ? -1 : t.repeated));
+    Py_XDECREF(batch);
     Py_XDECREF(t.out);
     Py_XDECREF(slots);
     if (ok == 0 && !PyErr_Occurred())
@@ -291,8 +319,9 @@ native_read_job(PyObject *self, PyObject *args)
     PyTypeObject *kind;
     Py_buffer views[2];
     Limits lim;
-    if (!PyArg_ParseTuple(args, "O!O!OOnp:read_job", &PyList_Type, &copies, &PyType_Type, &kind,
-                          &objs[0], &objs[1], &lim.slab_rows, &lim.load))
+    if (!PyArg_ParseTuple(args, "O!O!OOnLLp:read_job", &PyList_Type, &copies, &PyType_Type,
+                          &kind, &objs[0], &objs[1], &lim.slab_rows, &lim.slab_ptr,
+                          &lim.row_bytes, &lim.load))
         return NULL;
     if (int64_buffer(objs[0], &views[0], "num_blocks") < 0)
         return NULL;

@@ -98,13 +98,12 @@ class Batch:
 @dataclass(frozen=True)
 class _Table:
     """A job's copies as arrays: one entry per copy, block ids flat (``starts`` into them),
-    and their slots. Where the compiled build read them (``_native.read_job``), also:
+    and their slots. Where the compiled build read them (:func:`_read_native`), also:
     ``rows``, every slot as a slab row index, where all are ints; ``runs``, whether each
     copy's block ids are consecutive; ``bad``, the first copy out of range (-1: none);
-    ``uniform``, whether the copies form one batch in slot order already (one group, shape
-    and run flag; ascending rows); ``repeated``, whether a load writes an engine block twice
-    or a store names a slab row twice (-1: not known). Else None, False, -1: the methods and
-    the plan's own checks compute them."""
+    ``repeated``, whether a load writes an engine block twice or a store names a slab row
+    twice (-1: not known). Else None, None, None, -1: the methods and the plan's own checks
+    compute them."""
 
     copies: tuple[ChunkCopy, ...]
     groups: np.ndarray
@@ -116,27 +115,12 @@ class _Table:
     rows: np.ndarray | None = None
     runs: np.ndarray | None = None
     bad: int | None = None
-    uniform: bool = False
     repeated: int = -1
 
     @classmethod
-    def of(cls, copies: Sequence[ChunkCopy] | ChunkCopy, views: Sequence[GroupView],
-           slab: torch.Tensor | None, load: bool) -> _Table:
-        """The job's table; ``ValueError`` where a copy is not a :class:`ChunkCopy`."""
-        if _native is not None and isinstance(copies, list):  # one C pass: reads, checks
-            limits = np.array([(v.num_blocks, v.blocks_per_slot) for v in views], np.int64)
-            read = _native.read_job(copies, ChunkCopy, limits[:, 0].copy(),
-                                    limits[:, 1].copy(),
-                                    0 if slab is None else slab.shape[0], load)
-            read_copies = tuple(copies)
-            if read is not None and len(read[2]) == len(read_copies):
-                n = len(read_copies)
-                flat, ints, slots = np.frombuffer(read[0], np.int64), read[1], read[2]
-                counts = flat[2 * n : 3 * n]
-                return cls(read_copies, flat[:n], flat[n : 2 * n], counts,
-                           np.cumsum(counts) - counts, flat[5 * n :], slots,
-                           flat[3 * n : 4 * n] if ints else None, flat[4 * n : 5 * n] != 0,
-                           read[3], read[4], read[5])
+    def of(cls, copies: Sequence[ChunkCopy] | ChunkCopy) -> _Table:
+        """The job's table, read in Python; ``ValueError`` where a copy is not a
+        :class:`ChunkCopy`."""
         items = as_copies(copies)
         n = len(items)
         id_tuples = list(map(_IDS, items))
@@ -183,7 +167,10 @@ def plan_job(
 
     ``slab``: the registered slab (:func:`kvtier.transfer.slots.register_slab`) whose rows
     copies may name by index."""
-    table = _Table.of(copies, views, slab, direction == "load")
+    read = _read_native(copies, views, slab, direction == "load")
+    if isinstance(read, Batch):
+        return [read]
+    table = _Table.of(copies) if read is None else read
     if not table.copies:
         return []
     bad = table.first_bad(views) if table.bad is None else table.bad
@@ -198,11 +185,36 @@ def plan_job(
             _check_slots_distinct(views, table, ptrs)  # (distinct rows: disjoint bytes)
     else:
         _check_blocks_distinct(views, table)
-    if table.uniform:  # one batch, in slot order already
-        ids = table.ids.reshape(len(table.copies), int(table.counts[0])).T
-        return [Batch(views[int(table.groups[0])], table.copies, tuple(slots),
-                      np.ascontiguousarray(ids), ptrs, bool(table.consecutive()[0]), slab)]
     return _batches(views, table, slots, ptrs, slab)
+
+
+def _read_native(copies: Sequence[ChunkCopy] | ChunkCopy, views: Sequence[GroupView],
+                 slab: torch.Tensor | None, load: bool) -> Batch | _Table | None:
+    """A list of copies read and checked in one C pass (``_native.read_job``): the job's one
+    batch where it is one (a group, a shape, ascending slab rows) and passed every check,
+    else its table; None in the pure build, or where a copy is not what a
+    :class:`ChunkCopy` holds (Python then reads them, and says what is wrong)."""
+    if _native is None or not isinstance(copies, list):
+        return None
+    rows, ptr, row_bytes = (0, 0, 0) if slab is None else (
+        slab.shape[0], slab.data_ptr(), slab.stride(0))
+    read = _native.read_job(copies, ChunkCopy, np.array([v.num_blocks for v in views], np.int64),
+                            np.array([v.blocks_per_slot for v in views], np.int64), rows, ptr,
+                            row_bytes, load)
+    items = tuple(copies)
+    if read is None or len(read[2]) != len(items):  # (a getattr changed the list meanwhile)
+        return None
+    n = len(items)
+    flat, ints, slots, one = np.frombuffer(read[0], np.int64), read[1], read[2], read[4]
+    if one is not None:  # one batch: ids [positions x copies], then slot addresses
+        m = int(flat[2 * n])
+        both = np.frombuffer(one, np.int64)
+        return Batch(views[int(flat[0])], items, tuple(slots), both[: m * n].reshape(m, n),
+                     both[m * n :], bool(flat[4 * n]), slab)
+    counts = flat[2 * n : 3 * n]
+    return _Table(items, flat[:n], flat[n : 2 * n], counts, np.cumsum(counts) - counts,
+                  flat[5 * n :], slots, flat[3 * n : 4 * n] if ints else None,
+                  flat[4 * n : 5 * n] != 0, read[3], read[5])
 
 
 def _batches(views: Sequence[GroupView], table: _Table, slots: Sequence[torch.Tensor | int],
