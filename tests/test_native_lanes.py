@@ -152,12 +152,20 @@ def test_bad_copy_lanes_arguments_are_clear_errors() -> None:
         _native.copy_lanes(True, blocks, lanes, np.zeros(2, np.int64), 1)
 
 
-def test_read_copies_reads_what_python_reads() -> None:
+def _read(copies: list, num_blocks: tuple[int, ...] = (2**41,) * 3,
+          per_slot: tuple[int, ...] = (4,) * 3, rows: int = 0, load: bool = False) -> tuple:
+    from kvtier.transfer import ChunkCopy
+
+    return _native.read_job(copies, ChunkCopy, np.array(num_blocks, np.int64),
+                            np.array(per_slot, np.int64), rows, 1000, 100, load)
+
+
+def test_read_job_reads_what_python_reads() -> None:
     """Every copy's group, first block, block count, slot row, whether its ids are
     consecutive, and its block ids, as int64, and the slots themselves; the slots flagged
     as not all rows when one is a buffer, negative or past int64 (its entry 0); None where
-    a field is not a ChunkCopy's (a numpy group: Python then reads it). A subclass's copies
-    (fields read by getattr) read the same."""
+    a copy is not a ChunkCopy or a field is not a ChunkCopy's (a numpy group: Python then
+    reads it). A subclass's copies (fields read by getattr) read the same."""
     from kvtier.transfer import ChunkCopy
 
     class Named(ChunkCopy):
@@ -167,20 +175,48 @@ def test_read_copies_reads_what_python_reads() -> None:
     for kind in (ChunkCopy, Named):
         copies = [kind(1, 7, (5, 2, 9)), kind(0, 3, (4,), first_block=2),
                   kind(2, 2**40, (2**40, 2**40 + 1))]
-        table, ints, slots = _native.read_copies(copies)
+        table, ints, slots, bad, _, _ = _read(copies)
         np.testing.assert_array_equal(np.frombuffer(table, np.int64), [
             1, 0, 2, 0, 2, 0, 3, 1, 2, 7, 3, 2**40, 0, 1, 1, 5, 2, 9, 4, 2**40, 2**40 + 1])
-        assert ints and slots == [7, 3, 2**40]
+        assert ints and slots == [7, 3, 2**40] and bad == -1
         for odd in (buffer, 2**70, -1):
-            table, ints, slots = _native.read_copies([*copies, kind(0, odd, (1,))])
+            table, ints, slots, *_ = _read([*copies, kind(0, odd, (1,))])
             assert not ints and np.frombuffer(table, np.int64)[3 * 4 + 3] == 0
             assert slots[3] is odd
     weird = ChunkCopy(0, 1, (1,))
     object.__setattr__(weird, "group", np.int64(0))
-    assert _native.read_copies([weird]) is None
+    assert _read([weird]) is None
     object.__setattr__(weird, "group", 0)
     object.__setattr__(weird, "block_ids", [1])  # not a tuple
-    assert _native.read_copies([weird]) is None
-    assert _native.read_copies([object()]) is None
-    table, ints, slots = _native.read_copies([])
-    assert len(table) == 0 and ints and slots == []
+    assert _read([weird]) is None
+    assert _read([object()]) is None
+    table, ints, slots, bad, batch, _ = _read([])
+    assert len(table) == 0 and ints and slots == [] and bad == -1 and batch is None
+
+
+def test_read_job_checks_what_the_plan_checks() -> None:
+    """bad: the first copy whose group, chunk positions or block ids are out of range;
+    repeated: an engine block loaded twice (per group) or a slab row stored twice, -1 where
+    not known; one batch (ids by position, then slot addresses) where the copies share a
+    group, shape and run flag, name ascending slab rows and pass every check."""
+    from kvtier.transfer import ChunkCopy
+
+    def facts(copies: list, rows: int = 8, load: bool = False) -> tuple:
+        bad, batch, repeated = _read(copies, (10, 6), (4, 1), rows, load)[3:]
+        return bad, None if batch is None else np.frombuffer(batch, np.int64).tolist(), repeated
+
+    good = [ChunkCopy(0, 1, (3, 9)), ChunkCopy(0, 2, (7, 1)), ChunkCopy(0, 2, (4, 5))]
+    assert facts(good) == (-1, None, 1)  # row 2 twice: the caller checks the bytes
+    assert facts(good, load=True) == (-1, None, 0)
+    assert facts(good[:2], load=True) == (-1, [3, 7, 9, 1, 1100, 1200], 0)
+    assert facts([*good[:2], ChunkCopy(0, 3, (1, 8))], load=True) == (-1, None, 1)
+    assert facts([*good[:2], ChunkCopy(1, 3, (5,))], load=True) == (-1, None, 0)
+    for bad in (ChunkCopy(2, 3, (1,)), ChunkCopy(0, 3, (10,)), ChunkCopy(1, 3, (6,)),
+                ChunkCopy(0, 3, (1, 2), first_block=3), ChunkCopy(1, 3, (1,), first_block=1)):
+        assert facts([*good, bad, ChunkCopy(0, 2, (99,))]) == (3, None, -1)
+    assert facts(good[:2], rows=2) == (-1, None, -1)  # row 2 outside: slot_addresses says so
+    assert facts([ChunkCopy(0, 2, (1,)), ChunkCopy(0, 1, (2,))]) == (-1, None, 0)
+    assert facts([ChunkCopy(0, 1, (1,)), ChunkCopy(0, np.zeros(8, np.uint8), (2,))]) \
+        == (-1, None, -1)
+    assert facts([ChunkCopy(0, 1, (1, 2)), ChunkCopy(0, 2, (4, 5))]) \
+        == (-1, [1, 4, 2, 5, 1100, 1200], 0)

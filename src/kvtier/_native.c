@@ -31,15 +31,29 @@
  *                             address, position): a counting sort when the ids are dense in
  *                             [0, bound), else a merge sort.
  *
- *   read_copies(copies)       A job's copies (a list of kvtier.transfer.ChunkCopy) read in one
- *                             pass (_native_plan.c): (table, slots_are_ints, slots), the table
- *                             a bytearray of int64: every copy's group, then every
- *                             first_block, every block count, every slot (0 where it is not
- *                             a row index in int64: then slots_are_ints is false), whether
- *                             each copy's block ids are consecutive (1 or 0), then every block
- *                             id in copy order; slots the list of the copies' slots. None
- *                             where a field is not what a ChunkCopy holds (the caller then
- *                             reads the copies in Python, which says what is wrong).
+ *   read_job(copies, kind, num_blocks, per_slot, slab_rows, slab_ptr, row_bytes, load)
+ *                             A job's copies (a list of `kind`: kvtier.transfer.ChunkCopy)
+ *                             read and checked in one pass (_native_plan.c): (table,
+ *                             slots_are_ints, slots, bad, batch, repeated). The table is a
+ *                             bytearray of int64: every copy's group, then every first_block,
+ *                             every block count, every slot (0 where it is not a row index in
+ *                             int64: then slots_are_ints is false), whether each copy's block
+ *                             ids are consecutive (1 or 0), then every block id in copy
+ *                             order; slots the list of the copies' slots. Checked against
+ *                             num_blocks and per_slot (int64, one entry per group: its engine
+ *                             blocks and the blocks of one chunk) and the registered slab
+ *                             (slab_rows rows of row_bytes at slab_ptr; 0 rows: none): bad,
+ *                             the first copy whose group, chunk positions or block ids are
+ *                             out of range, else -1; repeated (only where bad is -1), for a
+ *                             load (`load` true) whether an engine block is written twice,
+ *                             for a store whether a slab row is named twice: 1 or 0, or -1
+ *                             where not known; batch, where the job is one batch (every copy
+ *                             of one group, shape and run flag, slots ascending slab rows)
+ *                             that passed every check (bad -1, repeated 0), its block ids
+ *                             [positions x copies] then its slot addresses, as a bytearray of
+ *                             int64, else None. None where a copy is not a `kind` or a field
+ *                             not what one holds (the caller then reads the copies in Python,
+ *                             which says what is wrong).
  *
  *   cpu()                     The CPU the calling thread runs on (sched_getcpu), or -1
  *                             where the system cannot say.
@@ -213,8 +227,10 @@ static PyMethodDef methods[] = {
     {"sorted_blocks", native_sorted_blocks, METH_VARARGS,
      "sorted_blocks(ids, ptrs, bound) -> bytearray of int64 (id, slot, position) triples, "
      "by engine block id."},
-    {"read_copies", native_read_copies, METH_VARARGS,
-     "read_copies(copies) -> (table, slots_are_ints, slots) or None: a job's copies as int64."},
+    {"read_job", native_read_job, METH_VARARGS,
+     "read_job(copies, kind, num_blocks, per_slot, slab_rows, slab_ptr, row_bytes, load) -> "
+     "(table, slots_are_ints, slots, bad, batch, repeated) or None: a job's copies as int64, "
+     "checked."},
     {"cpu", native_cpu, METH_NOARGS,
      "cpu() -> int: the CPU the calling thread runs on, or -1 where unknown."},
     {"sha256_start", native_sha256_start, METH_VARARGS,

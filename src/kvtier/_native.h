@@ -1,6 +1,6 @@
 /* kvtier._native's shared declarations: the module (_native.c) and its copy loops
  * (_native_copy.c: copy over address tables; _native_lanes.c: copy_lanes and sorted_blocks
- * over a transfer batch; _native_plan.c: read_copies over a transfer job). Built only by KVTIER_COMPILE=1 (setup.py, NATIVE). */
+ * over a transfer batch; _native_plan.c: read_job over a transfer job). Built only by KVTIER_COMPILE=1 (setup.py, NATIVE). */
 #ifndef KVTIER_NATIVE_H
 #define KVTIER_NATIVE_H
 
@@ -28,6 +28,6 @@ void copy_ranges(const int64_t *dst, const int64_t *src, const int64_t *len, Py_
 PyObject *native_copy(PyObject *self, PyObject *args);
 PyObject *native_copy_lanes(PyObject *self, PyObject *args);
 PyObject *native_sorted_blocks(PyObject *self, PyObject *args);
-PyObject *native_read_copies(PyObject *self, PyObject *args);
+PyObject *native_read_job(PyObject *self, PyObject *args);
 
 #endif

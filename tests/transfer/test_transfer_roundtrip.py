@@ -294,13 +294,16 @@ def test_jobs_split_over_threads_move_exactly_their_blocks(
         assert blocks_equal(now, before, axis, moved, moved)
 
 
-def test_many_small_shuffled_chunks_round_trip_exactly() -> None:
+@pytest.mark.parametrize("slot_order", ["shuffled", "ascending"])
+def test_many_small_shuffled_chunks_round_trip_exactly(slot_order: str) -> None:
     """1,500 chunks of 4 one-KiB blocks of 4 layers (the benchmark's 16 KiB row; 24,000
     ranges, several of the native copier's tables of ranges, over 2 threads), block ids
-    shuffled, slots named by slab row in shuffled order: each slot holds exactly its
+    shuffled, slots named by slab row in shuffled or ascending order (the compiled build
+    plans the latter as one batch straight from its C pass): each slot holds exactly its
     copy's blocks, rows outside the job keep their fill, and a load into cleared KV restores
-    every moved block and writes no other. Negative control: the same load with two slots
-    swapped does not restore them (the comparison sees a misplaced block)."""
+    every moved block and writes no other. Negative control: the same load with the block
+    ids of two copies swapped does not restore them (the comparison sees a misplaced
+    block)."""
     gen = torch.Generator().manual_seed(28)
     layers, per, chunks, num_blocks = 4, 4, 1500, 7000
     layout = Layout((Group("full", 16, per),))
@@ -309,6 +312,8 @@ def test_many_small_shuffled_chunks_round_trip_exactly() -> None:
     original = snapshot(kv)
     tables = torch.randperm(num_blocks, generator=gen)[: chunks * per].view(chunks, per)
     slots = torch.randperm(chunks + 10, generator=gen)[:chunks].tolist()
+    if slot_order == "ascending":
+        slots.sort()
     rows = allocate_slab(chunks + 10, 16 << 10, "cpu").fill_(FILL)
     with engine_for(layout, [kv], load_threads=2, slab=rows) as engine:
         assert engine.chunk_bytes(0) == 16 << 10
@@ -332,7 +337,7 @@ def test_many_small_shuffled_chunks_round_trip_exactly() -> None:
             assert not bool(now[untouched].view(torch.uint8).any())
         for t in kv.layers:
             t.zero_()
-        swapped = [ChunkCopy(0, slots[1 - i] if i < 2 else s, c.block_ids)
+        swapped = [ChunkCopy(0, s, copies[1 - i].block_ids if i < 2 else c.block_ids)
                    for i, (s, c) in enumerate(zip(slots, copies, strict=True))]
         assert engine.wait(engine.submit_load(swapped)).ok
         first = tables[:2].reshape(-1)

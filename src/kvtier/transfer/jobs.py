@@ -38,7 +38,7 @@ from kvtier import coverage
 from kvtier.coverage import BlockRun
 from kvtier.layout import Layout
 from kvtier.transfer import native
-from kvtier.transfer.copies import ChunkCopy, Direction, GroupKV, JobResult, SlotRef, as_copies
+from kvtier.transfer.copies import ChunkCopy, Direction, GroupKV, JobResult, SlotRef
 from kvtier.transfer.mover import Copier, FaultHook, Mover
 from kvtier.transfer.plan import Batch, plan_job
 from kvtier.transfer.slots import register_slab
@@ -218,8 +218,7 @@ class TransferEngine:
     # -- internals ---------------------------------------------------------------------
 
     def _submit(self, direction: Direction, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
-        items = as_copies(copies)
-        batches = plan_job(self._views, direction, items, self._slab)
+        batches = plan_job(self._views, direction, copies, self._slab)  # checks the copies
         self.start()
         ready = self._record_ready()
         with self._cond:  # ids and queue order agree, even with concurrent submitters

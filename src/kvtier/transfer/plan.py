@@ -29,7 +29,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from kvtier.transfer.copies import ChunkCopy, Direction, SlotRef
+from kvtier.transfer.copies import ChunkCopy, Direction, SlotRef, as_copies
 from kvtier.transfer.slots import slot_addresses
 from kvtier.transfer.views import GroupView
 
@@ -98,12 +98,14 @@ class Batch:
 @dataclass(frozen=True)
 class _Table:
     """A job's copies as arrays: one entry per copy, block ids flat (``starts`` into them),
-    and their slots. ``rows``: every slot as a slab row index, where the compiled build read
-    them all as ints (else None: :func:`~kvtier.transfer.slots.slot_addresses` reads them);
-    ``runs``: whether each copy's block ids are consecutive, where the compiled build read
-    that (else None: :meth:`consecutive` computes it)."""
+    and their slots. Where the compiled build read them (:func:`_read_native`), also:
+    ``rows``, every slot as a slab row index, where all are ints; ``runs``, whether each
+    copy's block ids are consecutive; ``bad``, the first copy out of range (-1: none);
+    ``repeated``, whether a load writes an engine block twice or a store names a slab row
+    twice (-1: not known). Else None, None, None, -1: the methods and the plan's own checks
+    compute them."""
 
-    copies: Sequence[ChunkCopy]
+    copies: tuple[ChunkCopy, ...]
     groups: np.ndarray
     firsts: np.ndarray
     counts: np.ndarray
@@ -112,24 +114,21 @@ class _Table:
     slots: list[SlotRef]
     rows: np.ndarray | None = None
     runs: np.ndarray | None = None
+    bad: int | None = None
+    repeated: int = -1
 
     @classmethod
-    def of(cls, copies: Sequence[ChunkCopy]) -> _Table:
-        n = len(copies)
-        read = _native.read_copies(copies) if _native is not None \
-            and isinstance(copies, list) else None
-        if read is not None:  # one C pass over the copies (4,096 copies: 0.1 ms, not 1.5)
-            flat, ints, slots = np.frombuffer(read[0], np.int64), read[1], read[2]
-            counts = flat[2 * n : 3 * n]
-            return cls(copies, flat[:n], flat[n : 2 * n], counts, np.cumsum(counts) - counts,
-                       flat[5 * n :], slots, flat[3 * n : 4 * n] if ints else None,
-                       flat[4 * n : 5 * n] != 0)
-        id_tuples = list(map(_IDS, copies))
+    def of(cls, copies: Sequence[ChunkCopy] | ChunkCopy) -> _Table:
+        """The job's table, read in Python; ``ValueError`` where a copy is not a
+        :class:`ChunkCopy`."""
+        items = as_copies(copies)
+        n = len(items)
+        id_tuples = list(map(_IDS, items))
         counts = np.fromiter(map(len, id_tuples), np.int64, n)
         ids = np.fromiter(itertools.chain.from_iterable(id_tuples), np.int64, int(counts.sum()))
-        return cls(copies, np.fromiter(map(_GROUP, copies), np.int64, n),
-                   np.fromiter(map(_FIRST, copies), np.int64, n),
-                   counts, np.cumsum(counts) - counts, ids, list(map(_SLOT, copies)))
+        return cls(tuple(items), np.fromiter(map(_GROUP, items), np.int64, n),
+                   np.fromiter(map(_FIRST, items), np.int64, n),
+                   counts, np.cumsum(counts) - counts, ids, list(map(_SLOT, items)))
 
     def shape_keys(self) -> np.ndarray:
         """One integer per copy, equal for copies of one group and shape."""
@@ -160,27 +159,62 @@ class _Table:
 
 
 def plan_job(
-    views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy],
+    views: Sequence[GroupView], direction: Direction, copies: Sequence[ChunkCopy] | ChunkCopy,
     slab: torch.Tensor | None = None,
 ) -> list[Batch]:
-    """Check every copy of a job and group it into batches (raises ``ValueError``).
+    """Check every copy of a job (one copy, or a sequence) and group it into batches (raises
+    ``ValueError``).
 
     ``slab``: the registered slab (:func:`kvtier.transfer.slots.register_slab`) whose rows
     copies may name by index."""
-    if not copies:
+    read = _read_native(copies, views, slab, direction == "load")
+    if isinstance(read, Batch):
+        return [read]
+    table = _Table.of(copies) if read is None else read
+    if not table.copies:
         return []
-    table = _Table.of(copies)
-    bad = table.first_bad(views)
-    if bad is not None:
-        _check_copy(views, bad, copies[bad])
+    bad = table.first_bad(views) if table.bad is None else table.bad
+    if bad is not None and bad >= 0:
+        _check_copy(views, bad, table.copies[bad])
     need = np.array([v.chunk_bytes for v in views], np.int64)[table.groups]
     slots, ptrs = slot_addresses(table.slots, need, slab, table.rows)
-    if direction == "store":
+    if table.repeated == 0:
+        pass  # read_job found no repeated block (load) or slab row (store: disjoint bytes)
+    elif direction == "store":
         if slab is None or table.rows is None or not _distinct(table.rows, slab.shape[0]):
             _check_slots_distinct(views, table, ptrs)  # (distinct rows: disjoint bytes)
     else:
         _check_blocks_distinct(views, table)
     return _batches(views, table, slots, ptrs, slab)
+
+
+def _read_native(copies: Sequence[ChunkCopy] | ChunkCopy, views: Sequence[GroupView],
+                 slab: torch.Tensor | None, load: bool) -> Batch | _Table | None:
+    """A list of copies read and checked in one C pass (``_native.read_job``): the job's one
+    batch where it is one (a group, a shape, ascending slab rows) and passed every check,
+    else its table; None in the pure build, or where a copy is not what a
+    :class:`ChunkCopy` holds (Python then reads them, and says what is wrong)."""
+    if _native is None or not isinstance(copies, list):
+        return None
+    rows, ptr, row_bytes = (0, 0, 0) if slab is None else (
+        slab.shape[0], slab.data_ptr(), slab.stride(0))
+    read = _native.read_job(copies, ChunkCopy, np.array([v.num_blocks for v in views], np.int64),
+                            np.array([v.blocks_per_slot for v in views], np.int64), rows, ptr,
+                            row_bytes, load)
+    items = tuple(copies)
+    if read is None or len(read[2]) != len(items):  # (a getattr changed the list meanwhile)
+        return None
+    n = len(items)
+    flat, ints, slots, one = np.frombuffer(read[0], np.int64), read[1], read[2], read[4]
+    if one is not None:  # one batch: ids [positions x copies], then slot addresses
+        m = int(flat[2 * n])
+        both = np.frombuffer(one, np.int64)
+        return Batch(views[int(flat[0])], items, tuple(slots), both[: m * n].reshape(m, n),
+                     both[m * n :], bool(flat[4 * n]), slab)
+    counts = flat[2 * n : 3 * n]
+    return _Table(items, flat[:n], flat[n : 2 * n], counts, np.cumsum(counts) - counts,
+                  flat[5 * n :], slots, flat[3 * n : 4 * n] if ints else None,
+                  flat[4 * n : 5 * n] != 0, read[3], read[5])
 
 
 def _batches(views: Sequence[GroupView], table: _Table, slots: Sequence[torch.Tensor | int],
