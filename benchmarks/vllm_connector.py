@@ -14,7 +14,11 @@ timed. Reported per configuration: scheduler time per step (``schedule`` plus
 and stored bytes (blocks a store job copies times their bytes). The last line is one JSON
 object. Time is the scheduler thread's CPU time by default (``--clock cpu``: what the
 scheduler costs, unaffected by other processes taking the core away on a shared machine);
-``--clock wall`` measures elapsed time.
+``--clock wall`` measures elapsed time. Each configuration starts from a collected heap
+(``gc.collect()`` before its run, untimed): otherwise the configuration measured before it
+leaves its simulator (vLLM's scheduler, its requests, a connector: reference cycles) for
+the cyclic collector to free during the next one's timed steps, and where each run falls in
+the collector's generation counts decides which run pays for the older generations' scans.
 
 Then, request by request, the side-by-side table of ``kvtier.integrations.vllm.parity``:
 the cases where native once restored more (an exact repeat of a prompt ending on a chunk
@@ -49,6 +53,7 @@ overhead differs between them by about 0.05 ms a step.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -165,6 +170,7 @@ def measure(groups: list[SimGroup], waves: list[list[list[int]]],
         sim = VllmSim(groups, connector or "OffloadingConnector", extra, module_path=module,
                       num_blocks=4096, worker=False) if connector else _bare(groups)
         layers = sum(g.num_layers for g in groups) // len(groups)
+        gc.collect()  # the same start for every configuration (module docstring)
         out[name] = run(sim, waves, report, per_layer_block * layers, clock)
     return out
 

@@ -10,6 +10,7 @@ blocks while a store job reads them are the job book's (``kvtier.planner.jobs``)
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from kvtier import coverage
 from kvtier.keys import ChunkKey
@@ -69,6 +70,7 @@ class ChunkBinder:
         counting = len(rows) == len(whole)
         if counting and all(row.start == 0 for row in rows):
             return self._live_identity(pending, [len(row) for row in rows])
+        kinds: dict[int, tuple[int, int]] = {}  # group -> (from which block, _tail_kind)
         for gi, chunk in pending:
             bpc = whole[gi]
             if bpc:
@@ -81,6 +83,14 @@ class ChunkBinder:
                     continue
                 start = row[first]
                 out.append(LiveChunk(gi, chunk, rel, tuple(range(start, start + num))))
+                continue
+            checked = kinds.get(gi)
+            if checked is None or first < checked[0]:
+                checked = kinds[gi] = (first, _tail_kind(table, gi, first))
+            if checked[1]:  # plain ids: a slice and a None check per chunk
+                part = table[gi][first : first + num]
+                if len(part) == num and _held(part, checked[1]):
+                    out.append(LiveChunk(gi, chunk, rel, tuple(cast("Sequence[int]", part))))
                 continue
             ids = block_ids_at(table, gi, first, num)
             if ids is not None:
@@ -156,11 +166,18 @@ class ChunkBinder:
         copies = []
         slots = dict(zip(hit.handle.keys, hit.handle.slots, strict=True))
         for gi, group in enumerate(self.layout.groups):
-            for run, key in zip(
-                coverage.load_set(group, hit.lookup.hit_tokens, hit.on_device),
-                hit.keys[gi], strict=True,
-            ):
-                ids = load_block_ids(table, gi, group, run, request_id)
+            runs = coverage.load_set(group, hit.lookup.hit_tokens, hit.on_device)
+            bpc, kind, row = group.blocks_per_chunk, _ODD, None
+            if runs:  # runs ascend: the row is checked once, from the first run on
+                kind = _tail_kind(table, gi, runs[0].chunk * bpc + runs[0].first_block)
+                row = table[gi] if kind else None
+            for run, key in zip(runs, hit.keys[gi], strict=True):
+                first = run.chunk * bpc + run.first_block
+                part = row[first : first + run.num_blocks] if row is not None else None
+                if part is not None and len(part) == run.num_blocks and _held(part, kind):
+                    ids = tuple(cast("Sequence[int]", part))
+                else:  # odd ids, or a block not allocated: checked one by one (and refused)
+                    ids = load_block_ids(table, gi, group, run, request_id)
                 copies.append(PlannedCopy(gi, run.chunk, key, slots[key], ids, run.first_block))
         return tuple(copies)
 
@@ -182,3 +199,28 @@ def _subsequence(keys: Sequence[ChunkKey], wanted: Sequence[ChunkKey]) -> list[i
         out.append(j)
         j += 1
     return out
+
+
+_ODD, _INTS, _INTS_OR_NONE = 0, 1, 2
+_PLAIN = frozenset((int, type(None)))
+
+
+def _tail_kind(table: BlockTable, gi: int, first: int) -> int:
+    """What group ``gi``'s row holds from block ``first`` on, in one C-speed pass: only
+    plain ids >= 0 (``_INTS``), plain ids and None (``_INTS_OR_NONE``: a chunk's blocks then
+    need a None check and a sign check), or anything else (``_ODD``: ``block_ids_at`` checks
+    each chunk's ids and raises for a bad one). The engine's tables are the first two."""
+    if gi >= len(table):
+        return _ODD
+    tail = table[gi][first:]
+    kinds = set(map(type, tail))
+    if kinds == {int}:
+        return _INTS if min(cast("Sequence[int]", tail)) >= 0 else _INTS_OR_NONE
+    return _INTS_OR_NONE if kinds <= _PLAIN else _ODD
+
+
+def _held(part: Sequence[int | None], kind: int) -> bool:
+    """Whether the engine holds every block of ``part`` (a slice of a row ``_tail_kind``
+    found plain): no None and no negative id."""
+    return kind == _INTS or (None not in part and (not part or min(
+        cast("Sequence[int]", part)) >= 0))

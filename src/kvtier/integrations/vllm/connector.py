@@ -153,18 +153,18 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             sched.preempt(req_id)
         copies = [c.dst_block_id for c in scheduler_output.kv_cache_block_copies or ()]
         offloads = offloads_of(scheduler_output)
-        steps = [self._step_request(scheduler_output, *item, offloads.get(item[0], ()))
-                 for item in _scheduled(scheduler_output)]
+        # per scheduled request: the tokens with KV once the forward ran (drafts excluded)
+        requests, drafts = self._requests, scheduler_output.scheduled_spec_decode_tokens
+        num_scheduled, steps = scheduler_output.num_scheduled_tokens, []
+        for req_id, block_ids, full in _scheduled(scheduler_output):
+            request = requests[req_id]
+            horizon = request.num_computed_tokens + num_scheduled[req_id]
+            if drafts:
+                horizon -= len(drafts.get(req_id, ()))
+            found = offloads.get(req_id) if offloads else None
+            steps.append(StepRequest(req_id, block_ids, full, horizon, request.all_token_ids,
+                                     state_blocks(self.layout, found) if found else ()))
         return KvtierConnectorMetadata(sched.step(steps, copies))
-
-    def _step_request(self, out: SchedulerOutput, req_id: str,
-                      block_ids: tuple[list[int], ...] | None, full: bool,
-                      offloads: Iterable[tuple[int, int, int]]) -> StepRequest:
-        request = self._requests[req_id]
-        drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
-        horizon = request.num_computed_tokens + out.num_scheduled_tokens[req_id] - drafts
-        return StepRequest(req_id, block_ids, full, horizon, request.all_token_ids,
-                           state_blocks(self.layout, offloads) if offloads else ())
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if self._tally is not None:

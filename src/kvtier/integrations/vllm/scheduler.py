@@ -36,19 +36,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvtier import coverage
 from kvtier.boundaries import BoundaryMode
-from kvtier.integrations.vllm.tiers import Demotion, Promotion, TieredHost
+from kvtier.integrations.vllm.steps import BlockIds, StepPlan, StepRequest
+from kvtier.integrations.vllm.tiers import TieredHost
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.layout import Layout
 from kvtier.planner import Outcome, Planner, RequestLimits, TransferJob
 from kvtier.store.admission import Admission
 from kvtier.store.manager import ChunkStore
 from kvtier.store.results import EventKind, StoreEvent
-
-BlockIds = Sequence[int]
 
 IDLE_WAIT_S = 0.05
 """Longest a step in which vLLM scheduled nothing waits for the lower tiers (a Redis probe
@@ -57,63 +55,25 @@ at once and hold the GIL the waiting thread needs after each read; bounded, so t
 arriving meanwhile is scheduled soon."""
 
 
-@dataclass(frozen=True)
-class StepRequest:
-    """One request's part of a vLLM step, as the connector sees it.
-
-    ``block_ids`` per group are vLLM's ids (0 is vLLM's null block); ``full_table`` says
-    they replace the request's table (new and resumed requests) rather than extend it.
-    ``horizon`` is how many tokens have KV once this step's forward ran, and ``tokens``
-    every token id known (prompt and verified output). A state group's table is not vLLM's
-    (``kvtier.integrations.vllm.state``): ``state_blocks`` are its entries this step's
-    forward fills, ``(group, position, block_id)``.
-    """
-
-    request_id: str
-    block_ids: tuple[BlockIds, ...] | None
-    full_table: bool
-    horizon: int
-    tokens: Sequence[int]
-    state_blocks: tuple[tuple[int, int, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What the workers do this step: loads before the forward, stores after it, and the
-    store jobs to finish before any block is overwritten; with lower tiers, the chunks to
-    write down before any slot is reused and the promotions into host slots
-    (``kvtier.integrations.vllm.tiers``). ``idle``: vLLM scheduled no request this step
-    (it steps only because a request waits, e.g. for a promotion)."""
-
-    loads: tuple[TransferJob, ...] = ()
-    stores: tuple[TransferJob, ...] = ()
-    flush: tuple[int, ...] = ()
-    promotes: tuple[Promotion, ...] = ()
-    demotions: tuple[Demotion, ...] = ()
-    idle: bool = False
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled through the constructor: vLLM sends it between processes, and the
-        compiled build's frozen classes refuse the default pickle's attribute writes."""
-        return (StepPlan, (self.loads, self.stores, self.flush, self.promotes, self.demotions,
-                           self.idle))
-
-
 @dataclass
 class _Request:
+    """``num_tokens``: tokens handed to the planner (``append_tokens``); ``prior_horizon``:
+    the last horizon store planning saw; ``num_boundaries``: admissible boundaries at the
+    last horizon handed to ``Planner.on_computed``; ``retry``: that call had a store
+    refused, so call it again next step; ``live_from``: per group,
+    ``coverage.retained_blocks(group, prior_horizon).start``, before which a later store
+    reads no block (``_forget_reallocated``); ``stored_all``: ``store: prompt`` and the
+    whole prompt planned, none refused: no store comes until a preemption, so no table is
+    kept (``step``)."""
+
     tables: list[list[int | None]]
     num_prompt: int
     num_tokens: int = 0
-    """Tokens handed to the planner (``append_tokens``)."""
     prior_horizon: int = 0
-    """The last horizon store planning saw."""
     num_boundaries: int = 0
-    """Admissible boundaries at the last horizon handed to ``Planner.on_computed``."""
     retry: bool = False
-    """The last ``on_computed`` had a store refused: call it again next step."""
     live_from: list[int] = field(default_factory=list)
-    """Per group, ``coverage.retained_blocks(group, prior_horizon).start``: blocks before
-    it are never read by a later store (see ``_forget_reallocated``)."""
+    stored_all: bool = False
 
 
 @dataclass
@@ -229,6 +189,7 @@ class ConnectorScheduler:
             self.planner.preempt(request_id)
             req.tables, req.prior_horizon = [[] for _ in self.layout.groups], 0
             req.num_boundaries, req.live_from = 0, [0] * len(self.layout.groups)
+            req.stored_all = False  # its recomputed prompt is planned again
 
     # ---- steps -------------------------------------------------------------------------
 
@@ -245,12 +206,14 @@ class ConnectorScheduler:
                 fresh.update(ids)
         fresh.discard(0)  # vLLM's null block
         self._forget_reallocated()  # before this step's blocks join the tables
-        for s in steps:
+        known = self._requests  # one that can store nothing more needs no table
+        storing = [s for s in steps if not known[s.request_id].stored_all]
+        for s in storing:
             self._update_table(s)
         # Fence before planning this step's stores: those run after the forward, and read
         # the blocks this step writes.
         flush = self._fences(fresh)
-        stores = [job for s in steps if (job := self._store(s)) is not None]
+        stores = [job for s in storing if (job := self._store(s)) is not None]
         for request_id in self._unaccepted:
             self.planner.decline_hit(request_id)
         if not steps and self.tiers is not None:
@@ -297,9 +260,13 @@ class ConnectorScheduler:
         if not fresh or not self._windowed:
             return
         for req in self._requests.values():
+            if req.stored_all:
+                continue
             for gi in self._windowed:
-                table = req.tables[gi]
-                for i in range(req.live_from[gi], len(table)):
+                table, start = req.tables[gi], req.live_from[gi]
+                if fresh.isdisjoint(table[start:]):  # the usual case, at C speed
+                    continue
+                for i in range(start, len(table)):
                     if table[i] in fresh:
                         table[i] = None
 
@@ -321,6 +288,8 @@ class ConnectorScheduler:
         refusals = metrics.store_refusals
         job = self.planner.on_computed(s.request_id, horizon, req.tables)
         req.retry = metrics.store_refusals > refusals
+        if self._limits.store == "prompt" and horizon >= req.num_prompt and not req.retry:
+            req.stored_all, req.tables = True, [[] for _ in req.tables]
         if job is not None:
             self._jobs[job.id] = _Job(job, self.num_workers)
         return job

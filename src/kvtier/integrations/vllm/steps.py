@@ -1,0 +1,56 @@
+"""What the scheduler half of the vLLM connector (``scheduler``) takes and gives once a
+step, in plain data: a scheduled request's part of the step (``StepRequest``) and what the
+workers do in it (``StepPlan``, which vLLM sends them as the connector's metadata)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from kvtier.integrations.vllm.tiers import Demotion, Promotion
+from kvtier.planner import TransferJob
+
+BlockIds = Sequence[int]
+
+
+class StepRequest(NamedTuple):
+    """One request's part of a vLLM step, as the connector sees it (a named tuple: built
+    for every scheduled request of every step, at a third of a frozen dataclass's cost).
+
+    ``block_ids`` per group are vLLM's ids (0 is vLLM's null block); ``full_table`` says
+    they replace the request's table (new and resumed requests) rather than extend it.
+    ``horizon`` is how many tokens have KV once this step's forward ran, and ``tokens``
+    every token id known (prompt and verified output). A state group's table is not vLLM's
+    (``kvtier.integrations.vllm.state``): ``state_blocks`` are its entries this step's
+    forward fills, ``(group, position, block_id)``.
+    """
+
+    request_id: str
+    block_ids: tuple[BlockIds, ...] | None
+    full_table: bool
+    horizon: int
+    tokens: Sequence[int]
+    state_blocks: tuple[tuple[int, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the workers do this step: loads before the forward, stores after it, and the
+    store jobs to finish before any block is overwritten; with lower tiers, the chunks to
+    write down before any slot is reused and the promotions into host slots
+    (``kvtier.integrations.vllm.tiers``). ``idle``: vLLM scheduled no request this step
+    (it steps only because a request waits, e.g. for a promotion)."""
+
+    loads: tuple[TransferJob, ...] = ()
+    stores: tuple[TransferJob, ...] = ()
+    flush: tuple[int, ...] = ()
+    promotes: tuple[Promotion, ...] = ()
+    demotions: tuple[Demotion, ...] = ()
+    idle: bool = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled through the constructor: vLLM sends it between processes, and the
+        compiled build's frozen classes refuse the default pickle's attribute writes."""
+        return (StepPlan, (self.loads, self.stores, self.flush, self.promotes, self.demotions,
+                           self.idle))
