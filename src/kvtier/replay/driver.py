@@ -30,6 +30,7 @@ from kvtier import coverage
 from kvtier.keys import TAG_SIZE, ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
+from kvtier.replay.hits import HitPlans, block_hit
 from kvtier.replay.metadata import metadata_store
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
 from kvtier.replay.refs import (
@@ -272,85 +273,3 @@ def chunk_bytes_by_tag(layout: Layout) -> dict[bytes, int]:
 def _table(layout: Layout, num_tokens: int) -> list[range]:
     """A block table holding every block of ``num_tokens`` tokens (metadata: any ids)."""
     return [range(-(-num_tokens // g.tokens_per_block)) for g in layout.groups]
-
-
-def block_hit(
-    layout: Layout, refs: RequestRefs, where: list[str], cache: HitPlans | None = None,
-) -> int:
-    """The largest boundary, up to the stored scope, at which every group's required
-    chunks are cached (anywhere): the request's block hit in tokens, prefix semantics.
-
-    ``cache`` keeps the ``HitPlan`` of each list of references across requests (the
-    replay's share one per stored scope; a fleet's probe truncates some).
-    """
-    cache = HitPlans() if cache is None else cache
-    key = (refs.store_tokens, refs.groups, refs.chunks)
-    plan = cache.plans.get(key)
-    if plan is None:
-        plan = HitPlan(layout, refs, cache.needs)
-        if len(cache.plans) < MAX_HIT_PLANS:
-            cache.plans[key] = plan
-    return plan.hit(where)
-
-
-MAX_HIT_PLANS = 4096
-"""Plans kept (a replay needs one per stored scope: a few hundred)."""
-
-
-class HitPlans:
-    """``block_hit``'s plans, by the stored scope and each reference's group and chunk,
-    and ``coverage.required`` of every group per boundary."""
-
-    def __init__(self) -> None:
-        self.plans: dict[tuple[int, tuple[int, ...], tuple[int, ...]], HitPlan] = {}
-        self.needs: dict[int, tuple[range, ...]] = {}
-
-
-class HitPlan:
-    """What ``block_hit`` needs of every request that stores the same tokens (its chunks'
-    groups and indices, and its admissible boundaries, depend on that only), as arrays:
-    a request's hit is then a few array operations over where its chunks are."""
-
-    def __init__(self, layout: Layout, refs: RequestRefs,
-                 needs: dict[int, tuple[range, ...]]) -> None:
-        groups = np.asarray(refs.groups, dtype=np.int64)
-        chunks = np.asarray(refs.chunks, dtype=np.int64)
-        bounds = coverage.admissible_boundaries(layout, refs.store_tokens)
-        self.bounds = np.asarray(bounds, dtype=np.int64)[::-1]  # largest first
-        per_bound = []
-        for b in bounds[::-1]:
-            need = needs.get(b)
-            if need is None:
-                need = needs[b] = tuple(coverage.required(g, b) for g in layout.groups)
-            per_bound.append(need)
-        # per group: positions of its chunks in the request's list, their chunk indices,
-        # and per boundary (largest first) the required range's start, stop and length
-        self.parts: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int,
-                               npt.NDArray[np.int64], npt.NDArray[np.int64],
-                               npt.NDArray[np.int64]]] = []
-        for gi in range(len(layout.groups)):
-            pos = np.flatnonzero(groups == gi)
-            idx = chunks[pos]
-            size = int(idx.max()) + 1 if len(idx) else 0
-            rs = [need[gi] for need in per_bound]
-            start = np.asarray([r.start for r in rs], dtype=np.int64)
-            stop = np.asarray([r.stop for r in rs], dtype=np.int64)
-            length = np.asarray([len(r) for r in rs], dtype=np.int64)
-            self.parts.append((pos, idx, size, start, stop, length))
-
-    def hit(self, where: list[str]) -> int:
-        """The block hit (``block_hit``) given ``where`` each chunk is (``""``: absent)."""
-        if not len(self.bounds):
-            return 0
-        present = np.fromiter(map(bool, where), dtype=bool, count=len(where))
-        ok = np.ones(len(self.bounds), dtype=bool)
-        for pos, idx, size, start, stop, length in self.parts:
-            flags = np.zeros(size, dtype=np.int64)
-            flags[idx] = present[pos]
-            sums = np.zeros(size + 1, dtype=np.int64)
-            np.cumsum(flags, out=sums[1:])
-            inside = stop < size + 1
-            lo, hi = np.minimum(start, size), np.minimum(stop, size)
-            ok &= (length == 0) | (inside & (sums[hi] - sums[lo] == length))
-        first = np.flatnonzero(ok)
-        return int(self.bounds[first[0]]) if len(first) else 0
