@@ -125,16 +125,20 @@ class Driver:
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
         """The whole request: look up, load, store, finish (module docstring)."""
-        self.begin(rid, req, refs)
+        where = self.begin(rid, req, refs)
         loaded, by_tier, hit = self.load(rid, self.lookup(rid))
         timing = self.config.timing
         self.stats.add_ttft(timing.ttft_s(req.input_length, 0, {}),
                             timing.ttft_s(req.input_length, hit, by_tier))
-        self.store_all(rid, req, refs, loaded)
+        # where the chunks are has not changed since ``begin`` unless a lower tier promoted
+        # some (a lookup's) or a data plane dropped corrupt ones: no other request ran
+        still = where if not self.store.lower and self.plane is None else None
+        self.store_all(rid, req, refs, loaded, still)
         self.end(rid, refs)
 
-    def begin(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
-        """Register the request and count its block hit, just before its lookup.
+    def begin(self, rid: str, req: TraceRequest, refs: RequestRefs) -> list[str]:
+        """Register the request and count its block hit, just before its lookup; where
+        each of its chunks is (``ReplayStore.locate``).
 
         No boundary past the block hit can hit (the replay's stores complete at once, so
         no chunk is ever being written at a lookup): the planner need not try them.
@@ -149,6 +153,7 @@ class Driver:
         self.planner.add_request(rid, stream[: refs.num_prompt],
                                  limits=RequestLimits(max_load_tokens=reach,
                                                       boundaries=self.config.boundaries))
+        return where
 
     def lookup(self, rid: str) -> Lookup:
         """The planner's lookup. Only a real store's promotions make it WAIT (``--bytes``):
@@ -176,10 +181,13 @@ class Driver:
         return {c.key for c in job.copies}, by_tier, found.hit_tokens
 
     def store_all(
-        self, rid: str, req: TraceRequest, refs: RequestRefs, loaded: set[object]
+        self, rid: str, req: TraceRequest, refs: RequestRefs, loaded: set[object],
+        where: list[str] | None = None,
     ) -> None:
-        """Hold the cached chunks not loaded, store the rest in order, release."""
-        where = self.store.locate_checked(refs.keys)
+        """Hold the cached chunks not loaded, store the rest in order, release. ``where``:
+        the chunks' ``locate``, when the caller knows it is still true."""
+        if where is None:
+            where = self.store.locate_checked(refs.keys)
         held = [(k, w) for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
         hold = self.store.hold([k for k, _ in held], [w for _, w in held]) if held else None
         stream = self._streams.pop(rid)
