@@ -131,6 +131,7 @@ class Driver:
         self.stats = ReplayStats(policy, slots, [GroupCounts.of(g) for g in config.layout.groups])
         self.belady = store.policy if isinstance(store.policy, ReplayBelady) else None
         self._chunk_bytes = chunk_bytes_by_tag(config.layout)
+        self._group_bytes = [g.bytes_per_chunk or 0 for g in config.layout.groups]
         store.subscribe_tiers(self._on_tier_event)
         self._streams: dict[str, npt.NDArray[np.uint32]] = {}  # between begin and store_all
         self._hits = HitPlans()  # block_hit's plans
@@ -219,8 +220,11 @@ class Driver:
 
     def _on_tier_event(self, event: StoreEvent) -> None:
         """Count every chunk a tier writes, with its group's bytes (write amplification)."""
-        if event.kind is EventKind.STORED:
-            self.stats.add_written(event.tier, self._chunk_bytes.get(event.key[:TAG_SIZE], 0))
+        if event.kind is EventKind.STORED:  # ReplayStats.add_written, inlined: per chunk
+            tier, s = event.tier, self.stats
+            s.chunks_written_by_tier[tier] = s.chunks_written_by_tier.get(tier, 0) + 1
+            s.bytes_written_by_tier[tier] = (s.bytes_written_by_tier.get(tier, 0)
+                                             + self._chunk_bytes.get(event.key[:TAG_SIZE], 0))
 
     def _count_refs(self, req: TraceRequest, refs: RequestRefs, reach: int) -> None:
         s = self.stats
@@ -232,7 +236,7 @@ class Driver:
             s.groups[gi].dense += coverage.dense_chunks(group, refs.store_tokens)
 
     def _count_load(self, job: TransferJob, hit_tokens: int) -> dict[str, int]:
-        s, groups = self.stats, self.layout.groups
+        s, per_chunk = self.stats, self._group_bytes
         s.hit_requests += 1
         s.hit_tokens += hit_tokens
         by_tier: dict[str, int] = {HOST: 0, DISK: 0}
@@ -240,7 +244,7 @@ class Driver:
         for c in job.copies:
             tier = self.store.promoted.get(c.key, HOST)
             counts[tier] = counts.get(tier, 0) + 1
-            by_tier[tier] = by_tier.get(tier, 0) + (groups[c.group].bytes_per_chunk or 0)
+            by_tier[tier] = by_tier.get(tier, 0) + per_chunk[c.group]
             s.groups[c.group].loaded += 1
         for tier, n in counts.items():
             s.add_load(tier, n, by_tier[tier])
