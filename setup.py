@@ -30,7 +30,6 @@ COMPILED = [
     "src/kvtier/replay/refs.py",
     "src/kvtier/replay/store.py",
     "src/kvtier/retention.py",
-    "src/kvtier/store/admission.py",
     "src/kvtier/store/checks.py",
     "src/kvtier/store/manager.py",
     "src/kvtier/store/pins.py",

@@ -82,11 +82,6 @@ class Admission:
         if self.window is not None:
             _check_int("admit_window", self.window, 1, MAX_WINDOW)
 
-    def __reduce__(self) -> tuple[type[Admission], tuple[int, int | None]]:
-        """Pickled by its fields: compiled (the serving build), a frozen class cannot be
-        restored attribute by attribute (a replay's workers receive its config)."""
-        return Admission, (self.after, self.window)
-
     def filter(self, num_slots: int) -> OfferWindow | None:
         """The filter for a store of ``num_slots`` slots; None when every offer is admitted."""
         if self.after == 1:
