@@ -25,6 +25,10 @@ COMPILED = [
     "src/kvtier/planner/planner.py",
     "src/kvtier/planner/requests.py",
     "src/kvtier/planner/types.py",
+    "src/kvtier/replay/driver.py",
+    "src/kvtier/replay/hits.py",
+    "src/kvtier/replay/refs.py",
+    "src/kvtier/replay/store.py",
     "src/kvtier/retention.py",
     "src/kvtier/store/checks.py",
     "src/kvtier/store/manager.py",
@@ -39,8 +43,10 @@ COMPILED = [
     "src/kvtier/store/policies/queue.py",
     "src/kvtier/store/policies/s3fifo.py",
     "src/kvtier/store/policies/slots.py",
+    "src/kvtier/tiers/tiered.py",
 ]
-"""The modules on the request path: per-key and per-step work in the store and planner."""
+"""The modules on the request path: per-key and per-step work in the store and planner,
+and the replay's per-request loop (``kvtier replay`` runs them once per trace request)."""
 
 
 NATIVE = Extension(

@@ -17,6 +17,7 @@ from kvtier.integrations.vllm.scheduler import StepPlan
 from kvtier.integrations.vllm.tiers import Demotion, Promotion
 from kvtier.keys import ChunkKey
 from kvtier.planner.types import PlannedCopy, TransferJob
+from kvtier.store.admission import Admission
 from kvtier.store.results import EventKind, StoreEvent
 
 KEY = ChunkKey(bytes(range(40)))
@@ -36,6 +37,7 @@ def plan() -> StepPlan:
     StepPlan(),
     StoreEvent(EventKind.STORED, KEY, 3, "disk"),
     StoreEvent(EventKind.EVICTED, KEY, 0),
+    Admission(2, 100),  # in a replay's config, sent to its worker processes
 ])
 def test_crosses_a_process_boundary_unchanged(value: object) -> None:
     for protocol in (pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL):

@@ -18,6 +18,7 @@ order, and the result equals a plain LRU simulation of the trace's blocks (teste
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Sequence
 from itertools import count
@@ -30,6 +31,7 @@ from kvtier import coverage
 from kvtier.keys import TAG_SIZE, ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
+from kvtier.replay.hits import HitPlans, block_hit
 from kvtier.replay.metadata import metadata_store
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
 from kvtier.replay.refs import (
@@ -82,10 +84,21 @@ def replay(
     started = time.perf_counter()
     store = make_store(workload, policy, host_slots, disk_slots)
     driver = Driver(workload.config, store, policy)
-    for i, (req, refs) in enumerate(workload.items(progress)):
-        driver.run(f"r{i}", req, refs)
+    threshold = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY, *threshold[1:])
+    try:
+        for i, (req, refs) in enumerate(workload.items(progress)):
+            driver.run(f"r{i}", req, refs)
+    finally:
+        gc.set_threshold(*threshold)
     driver.stats.wall_s = time.perf_counter() - started
     return driver.stats
+
+
+YOUNG_COLLECTION_EVERY = 50_000
+"""Allocations between the cyclic collector's young collections during a replay (Python's
+default is 700): a replay allocates short-lived tuples and lists by the million and almost
+no cycles, and the default cost about 5% of its time. Restored when the replay ends."""
 
 
 class DataPlane(Protocol):
@@ -118,22 +131,27 @@ class Driver:
         self.stats = ReplayStats(policy, slots, [GroupCounts.of(g) for g in config.layout.groups])
         self.belady = store.policy if isinstance(store.policy, ReplayBelady) else None
         self._chunk_bytes = chunk_bytes_by_tag(config.layout)
+        self._group_bytes = [g.bytes_per_chunk or 0 for g in config.layout.groups]
         store.subscribe_tiers(self._on_tier_event)
         self._streams: dict[str, npt.NDArray[np.uint32]] = {}  # between begin and store_all
         self._hits = HitPlans()  # block_hit's plans
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
         """The whole request: look up, load, store, finish (module docstring)."""
-        self.begin(rid, req, refs)
+        where = self.begin(rid, req, refs)
         loaded, by_tier, hit = self.load(rid, self.lookup(rid))
         timing = self.config.timing
         self.stats.add_ttft(timing.ttft_s(req.input_length, 0, {}),
                             timing.ttft_s(req.input_length, hit, by_tier))
-        self.store_all(rid, req, refs, loaded)
+        # where the chunks are has not changed since ``begin`` unless a lower tier promoted
+        # some (a lookup's) or a data plane dropped corrupt ones: no other request ran
+        still = where if not self.store.lower and self.plane is None else None
+        self.store_all(rid, req, refs, loaded, still)
         self.end(rid, refs)
 
-    def begin(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
-        """Register the request and count its block hit, just before its lookup.
+    def begin(self, rid: str, req: TraceRequest, refs: RequestRefs) -> list[str]:
+        """Register the request and count its block hit, just before its lookup; where
+        each of its chunks is (``ReplayStore.locate``).
 
         No boundary past the block hit can hit (the replay's stores complete at once, so
         no chunk is ever being written at a lookup): the planner need not try them.
@@ -148,6 +166,7 @@ class Driver:
         self.planner.add_request(rid, stream[: refs.num_prompt],
                                  limits=RequestLimits(max_load_tokens=reach,
                                                       boundaries=self.config.boundaries))
+        return where
 
     def lookup(self, rid: str) -> Lookup:
         """The planner's lookup. Only a real store's promotions make it WAIT (``--bytes``):
@@ -175,10 +194,13 @@ class Driver:
         return {c.key for c in job.copies}, by_tier, found.hit_tokens
 
     def store_all(
-        self, rid: str, req: TraceRequest, refs: RequestRefs, loaded: set[object]
+        self, rid: str, req: TraceRequest, refs: RequestRefs, loaded: set[object],
+        where: list[str] | None = None,
     ) -> None:
-        """Hold the cached chunks not loaded, store the rest in order, release."""
-        where = self.store.locate_checked(refs.keys)
+        """Hold the cached chunks not loaded, store the rest in order, release. ``where``:
+        the chunks' ``locate``, when the caller knows it is still true."""
+        if where is None:
+            where = self.store.locate_checked(refs.keys)
         held = [(k, w) for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
         hold = self.store.hold([k for k, _ in held], [w for _, w in held]) if held else None
         stream = self._streams.pop(rid)
@@ -198,8 +220,11 @@ class Driver:
 
     def _on_tier_event(self, event: StoreEvent) -> None:
         """Count every chunk a tier writes, with its group's bytes (write amplification)."""
-        if event.kind is EventKind.STORED:
-            self.stats.add_written(event.tier, self._chunk_bytes.get(event.key[:TAG_SIZE], 0))
+        if event.kind is EventKind.STORED:  # ReplayStats.add_written, inlined: per chunk
+            tier, s = event.tier, self.stats
+            s.chunks_written_by_tier[tier] = s.chunks_written_by_tier.get(tier, 0) + 1
+            s.bytes_written_by_tier[tier] = (s.bytes_written_by_tier.get(tier, 0)
+                                             + self._chunk_bytes.get(event.key[:TAG_SIZE], 0))
 
     def _count_refs(self, req: TraceRequest, refs: RequestRefs, reach: int) -> None:
         s = self.stats
@@ -211,7 +236,7 @@ class Driver:
             s.groups[gi].dense += coverage.dense_chunks(group, refs.store_tokens)
 
     def _count_load(self, job: TransferJob, hit_tokens: int) -> dict[str, int]:
-        s, groups = self.stats, self.layout.groups
+        s, per_chunk = self.stats, self._group_bytes
         s.hit_requests += 1
         s.hit_tokens += hit_tokens
         by_tier: dict[str, int] = {HOST: 0, DISK: 0}
@@ -219,7 +244,7 @@ class Driver:
         for c in job.copies:
             tier = self.store.promoted.get(c.key, HOST)
             counts[tier] = counts.get(tier, 0) + 1
-            by_tier[tier] = by_tier.get(tier, 0) + (groups[c.group].bytes_per_chunk or 0)
+            by_tier[tier] = by_tier.get(tier, 0) + per_chunk[c.group]
             s.groups[c.group].loaded += 1
         for tier, n in counts.items():
             s.add_load(tier, n, by_tier[tier])
@@ -272,85 +297,3 @@ def chunk_bytes_by_tag(layout: Layout) -> dict[bytes, int]:
 def _table(layout: Layout, num_tokens: int) -> list[range]:
     """A block table holding every block of ``num_tokens`` tokens (metadata: any ids)."""
     return [range(-(-num_tokens // g.tokens_per_block)) for g in layout.groups]
-
-
-def block_hit(
-    layout: Layout, refs: RequestRefs, where: list[str], cache: HitPlans | None = None,
-) -> int:
-    """The largest boundary, up to the stored scope, at which every group's required
-    chunks are cached (anywhere): the request's block hit in tokens, prefix semantics.
-
-    ``cache`` keeps the ``HitPlan`` of each list of references across requests (the
-    replay's share one per stored scope; a fleet's probe truncates some).
-    """
-    cache = HitPlans() if cache is None else cache
-    key = (refs.store_tokens, refs.groups, refs.chunks)
-    plan = cache.plans.get(key)
-    if plan is None:
-        plan = HitPlan(layout, refs, cache.needs)
-        if len(cache.plans) < MAX_HIT_PLANS:
-            cache.plans[key] = plan
-    return plan.hit(where)
-
-
-MAX_HIT_PLANS = 4096
-"""Plans kept (a replay needs one per stored scope: a few hundred)."""
-
-
-class HitPlans:
-    """``block_hit``'s plans, by the stored scope and each reference's group and chunk,
-    and ``coverage.required`` of every group per boundary."""
-
-    def __init__(self) -> None:
-        self.plans: dict[tuple[int, tuple[int, ...], tuple[int, ...]], HitPlan] = {}
-        self.needs: dict[int, tuple[range, ...]] = {}
-
-
-class HitPlan:
-    """What ``block_hit`` needs of every request that stores the same tokens (its chunks'
-    groups and indices, and its admissible boundaries, depend on that only), as arrays:
-    a request's hit is then a few array operations over where its chunks are."""
-
-    def __init__(self, layout: Layout, refs: RequestRefs,
-                 needs: dict[int, tuple[range, ...]]) -> None:
-        groups = np.asarray(refs.groups, dtype=np.int64)
-        chunks = np.asarray(refs.chunks, dtype=np.int64)
-        bounds = coverage.admissible_boundaries(layout, refs.store_tokens)
-        self.bounds = np.asarray(bounds, dtype=np.int64)[::-1]  # largest first
-        per_bound = []
-        for b in bounds[::-1]:
-            need = needs.get(b)
-            if need is None:
-                need = needs[b] = tuple(coverage.required(g, b) for g in layout.groups)
-            per_bound.append(need)
-        # per group: positions of its chunks in the request's list, their chunk indices,
-        # and per boundary (largest first) the required range's start, stop and length
-        self.parts: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int,
-                               npt.NDArray[np.int64], npt.NDArray[np.int64],
-                               npt.NDArray[np.int64]]] = []
-        for gi in range(len(layout.groups)):
-            pos = np.flatnonzero(groups == gi)
-            idx = chunks[pos]
-            size = int(idx.max()) + 1 if len(idx) else 0
-            rs = [need[gi] for need in per_bound]
-            start = np.asarray([r.start for r in rs], dtype=np.int64)
-            stop = np.asarray([r.stop for r in rs], dtype=np.int64)
-            length = np.asarray([len(r) for r in rs], dtype=np.int64)
-            self.parts.append((pos, idx, size, start, stop, length))
-
-    def hit(self, where: list[str]) -> int:
-        """The block hit (``block_hit``) given ``where`` each chunk is (``""``: absent)."""
-        if not len(self.bounds):
-            return 0
-        present = np.fromiter(map(bool, where), dtype=bool, count=len(where))
-        ok = np.ones(len(self.bounds), dtype=bool)
-        for pos, idx, size, start, stop, length in self.parts:
-            flags = np.zeros(size, dtype=np.int64)
-            flags[idx] = present[pos]
-            sums = np.zeros(size + 1, dtype=np.int64)
-            np.cumsum(flags, out=sums[1:])
-            inside = stop < size + 1
-            lo, hi = np.minimum(start, size), np.minimum(stop, size)
-            ok &= (length == 0) | (inside & (sums[hi] - sums[lo] == length))
-        first = np.flatnonzero(ok)
-        return int(self.bounds[first[0]]) if len(first) else 0

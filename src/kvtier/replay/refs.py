@@ -45,8 +45,8 @@ def token_stream(hash_ids: tuple[int, ...], block_tokens: int) -> npt.NDArray[np
     """``block_tokens`` tokens per id: its low and high 32-bit halves, alternating."""
     ids = np.asarray(hash_ids, dtype="<u8")  # little-endian: its 32-bit halves low first
     reps = -(-block_tokens // 2)
-    if block_tokens % 2 == 0:  # whole pairs: one tile, ten times faster than the fill below
-        return np.tile(ids.view("<u4").reshape(len(ids), 2), reps).reshape(-1)
+    if block_tokens % 2 == 0:  # whole pairs: one repeat, faster than np.tile or the fill below
+        return np.repeat(ids.view("<u4").reshape(len(ids), 1, 2), reps, axis=1).reshape(-1)
     fill = np.empty((len(ids), reps, 2), dtype=np.uint32)
     fill[:] = ids.view("<u4").reshape(len(ids), 1, 2)
     return fill.reshape(len(ids), 2 * reps)[:, :block_tokens].reshape(-1)

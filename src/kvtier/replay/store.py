@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, runtime_checkable
 
 from kvtier.keys import ChunkKey
+from kvtier.replay.tier_kinds import Counting, Exact, Sized
 from kvtier.store import ChunkStore, LoadHandle, Policy
 from kvtier.store.results import ChunkState, checked_keys
 from kvtier.tiers.lower import LowerTier
@@ -32,29 +32,6 @@ from kvtier.tiers.tiered import Placement, TieredStore
 HOST, DISK, REDIS = "host", "disk", "redis"
 PLACEMENT: Placement = "exclusive"
 """The replays' placement (module docstring)."""
-
-
-@runtime_checkable
-class _Sized(Protocol):
-    """A lower tier with a slot count (``DiskTier``, ``MetadataTier``)."""
-
-    @property
-    def capacity_chunks(self) -> int: ...
-
-
-@runtime_checkable
-class _Exact(Protocol):
-    """A lower tier that answers exactly, in one call, which keys it holds (``RedisTier``,
-    ``MetadataTier``); for the others ``might_hold`` is exact (``DiskTier``'s index)."""
-
-    def exists(self, keys: Sequence[ChunkKey]) -> list[bool]: ...
-
-
-@runtime_checkable
-class _Counting(Protocol):
-    """A lower tier that can count a use of a chunk without reading it (``MetadataTier``)."""
-
-    def touch(self, keys: Iterable[ChunkKey]) -> int: ...
 
 
 class ReplayStore(TieredStore):
@@ -70,12 +47,12 @@ class ReplayStore(TieredStore):
         self.promoted: dict[ChunkKey, str] = {}
         """Keys promoted into host memory since the caller last cleared it, with their tier."""
         self.watch_promotions(self.promoted.__setitem__)
-        self._counting = [t for t in self.lower if isinstance(t, _Counting)]
+        self._counting = [t for t in self.lower if isinstance(t, Counting)]
 
     def tier_slots(self) -> dict[str, int]:
         """Slots per tier, fastest first (a tier without a slot count, Redis, omitted)."""
         slots = {HOST: self.num_slots}
-        slots.update((t.name, t.capacity_chunks) for t in self.lower if isinstance(t, _Sized))
+        slots.update((t.name, t.capacity_chunks) for t in self.lower if isinstance(t, Sized))
         return slots
 
     def locate(self, keys: Iterable[ChunkKey]) -> list[str]:
@@ -121,6 +98,6 @@ class ReplayStore(TieredStore):
 
 
 def _holds(tier: LowerTier, keys: list[ChunkKey]) -> list[bool]:
-    if isinstance(tier, _Exact):
+    if isinstance(tier, Exact):
         return tier.exists(keys)
     return [tier.might_hold(k) for k in keys]

@@ -1,0 +1,96 @@
+"""A request's block hit: the largest boundary, up to its stored scope, at which every
+group's required chunks are cached (anywhere), in tokens, by prefix semantics.
+
+The boundaries a request may hit, and the chunks each needs, depend only on how many tokens
+it stores and which chunks it references (``RequestRefs.groups``, ``chunks``): a
+``HitPlan`` computes them once for every request storing the same tokens, so a request's
+hit is one pass over where its chunks are and one over its boundaries, largest first.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from kvtier import coverage
+from kvtier.layout import Layout
+from kvtier.replay.refs import RequestRefs
+
+MAX_HIT_PLANS = 4096
+"""Plans kept (a replay needs one per stored scope: a few hundred)."""
+
+
+class HitPlans:
+    """``block_hit``'s plans, by the stored scope and each reference's group and chunk,
+    and ``coverage.required`` of every group per boundary."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple[int, tuple[int, ...], tuple[int, ...]], HitPlan] = {}
+        self.needs: dict[int, tuple[range, ...]] = {}
+
+
+def block_hit(
+    layout: Layout, refs: RequestRefs, where: list[str], cache: HitPlans | None = None,
+) -> int:
+    """The request's block hit (module docstring), given ``where`` each of its chunks is
+    (``""``: absent). ``cache`` keeps the ``HitPlan`` of each list of references across
+    requests (the replay's share one per stored scope; a fleet's probe truncates some)."""
+    cache = HitPlans() if cache is None else cache
+    key = (refs.store_tokens, refs.groups, refs.chunks)
+    plan = cache.plans.get(key)
+    if plan is None:
+        plan = HitPlan(layout, refs, cache.needs)
+        if len(cache.plans) < MAX_HIT_PLANS:
+            cache.plans[key] = plan
+    return plan.hit(where)
+
+
+class HitPlan:
+    """What ``block_hit`` needs of every request that stores the same tokens: per group,
+    where its chunks are in the request's list and their indices; per admissible boundary
+    (largest first), each group's required chunks as ``(start, stop, length)``."""
+
+    def __init__(self, layout: Layout, refs: RequestRefs,
+                 needs: dict[int, tuple[range, ...]]) -> None:
+        bounds = coverage.admissible_boundaries(layout, refs.store_tokens)[::-1]
+        self.bounds: list[int] = list(bounds)
+        per_bound: list[tuple[range, ...]] = []
+        for b in self.bounds:
+            need = needs.get(b)
+            if need is None:
+                need = needs[b] = tuple(coverage.required(g, b) for g in layout.groups)
+            per_bound.append(need)
+        self.sizes: list[int] = []
+        """Per group: one past its largest chunk referenced (0: none)."""
+        self.slots: list[list[tuple[int, int]]] = []
+        """Per group: (position in the request's list, chunk index) of each of its chunks."""
+        for gi in range(len(layout.groups)):
+            mine = [(p, c) for p, (g, c) in enumerate(zip(refs.groups, refs.chunks,
+                                                           strict=True)) if g == gi]
+            self.slots.append(mine)
+            self.sizes.append(max(c for _, c in mine) + 1 if mine else 0)
+        self.checks: list[list[tuple[int, int, int, int]]] = []
+        """Per boundary, largest first: (group, start, stop, length) of every group whose
+        required range is not empty (an empty one always holds)."""
+        for need in per_bound:
+            self.checks.append([(gi, r.start, r.stop, len(r)) for gi, r in enumerate(need)
+                                if len(r)])
+
+    def hit(self, where: list[str]) -> int:
+        """The block hit, given ``where`` each chunk is (``""``: absent)."""
+        if not self.bounds:
+            return 0
+        sums: list[list[int]] = []  # per group: chunks present below each index
+        for mine, size in zip(self.slots, self.sizes, strict=True):
+            flags = [0] * size
+            for p, c in mine:
+                if where[p]:
+                    flags[c] = 1
+            sums.append([0, *accumulate(flags)])
+        for b, checks in zip(self.bounds, self.checks, strict=True):
+            for gi, start, stop, length in checks:
+                s = sums[gi]
+                if stop >= len(s) or s[stop] - s[start] != length:
+                    break
+            else:
+                return b
+        return 0
