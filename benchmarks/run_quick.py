@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = {
     "e2e": "main",
     "hashing": "main",
-    "planner": "main",
+    "planner": "vllm",  # measures native beside kvtier (recorded figures without vLLM)
     "policies": "main",
     "replay": "main",
     "store": "main",

@@ -70,7 +70,8 @@ class ChunkBinder:
         counting = len(rows) == len(whole)
         if counting and all(row.start == 0 for row in rows):
             return self._live_identity(pending, [len(row) for row in rows])
-        kinds: dict[int, tuple[int, int]] = {}  # group -> (from which block, _tail_kind)
+        # group -> (first block, end block, _span_kind of the row between them)
+        kinds: dict[int, tuple[int, int, int]] = {}
         for gi, chunk in pending:
             bpc = whole[gi]
             if bpc:
@@ -85,11 +86,12 @@ class ChunkBinder:
                 out.append(LiveChunk(gi, chunk, rel, tuple(range(start, start + num))))
                 continue
             checked = kinds.get(gi)
-            if checked is None or first < checked[0]:
-                checked = kinds[gi] = (first, _tail_kind(table, gi, first))
-            if checked[1]:  # plain ids: a slice and a None check per chunk
+            if checked is None or first < checked[0] or first + num > checked[1]:
+                end = first + max(num, SPAN_BLOCKS)  # a bounded span: never the whole row
+                checked = kinds[gi] = (first, end, _span_kind(table, gi, first, end))
+            if checked[2]:  # plain ids: a slice and a None check per chunk
                 part = table[gi][first : first + num]
-                if len(part) == num and _held(part, checked[1]):
+                if len(part) == num and _held(part, checked[2]):
                     out.append(LiveChunk(gi, chunk, rel, tuple(cast("Sequence[int]", part))))
                 continue
             ids = block_ids_at(table, gi, first, num)
@@ -168,8 +170,10 @@ class ChunkBinder:
         for gi, group in enumerate(self.layout.groups):
             runs = coverage.load_set(group, hit.lookup.hit_tokens, hit.on_device)
             bpc, kind, row = group.blocks_per_chunk, _ODD, None
-            if runs:  # runs ascend: the row is checked once, from the first run on
-                kind = _tail_kind(table, gi, runs[0].chunk * bpc + runs[0].first_block)
+            if runs:  # runs ascend: the row is checked once, from the first run to the last
+                last = runs[-1]
+                kind = _span_kind(table, gi, runs[0].chunk * bpc + runs[0].first_block,
+                                  last.chunk * bpc + last.first_block + last.num_blocks)
                 row = table[gi] if kind else None
             for run, key in zip(runs, hit.keys[gi], strict=True):
                 first = run.chunk * bpc + run.first_block
@@ -205,14 +209,20 @@ _ODD, _INTS, _INTS_OR_NONE = 0, 1, 2
 _PLAIN = frozenset((int, type(None)))
 
 
-def _tail_kind(table: BlockTable, gi: int, first: int) -> int:
-    """What group ``gi``'s row holds from block ``first`` on, in one C-speed pass: only
+SPAN_BLOCKS = 256
+"""Blocks of a row ``live`` checks in one pass at least: a step's chunks lie in a few such
+spans, so the cost follows the blocks a step plans, not the row's length (a long prompt's
+row has thousands)."""
+
+
+def _span_kind(table: BlockTable, gi: int, first: int, end: int) -> int:
+    """What group ``gi``'s row holds in blocks ``first .. end - 1``, in one C-speed pass: only
     plain ids >= 0 (``_INTS``), plain ids and None (``_INTS_OR_NONE``: a chunk's blocks then
     need a None check and a sign check), or anything else (``_ODD``: ``block_ids_at`` checks
     each chunk's ids and raises for a bad one). The engine's tables are the first two."""
     if gi >= len(table):
         return _ODD
-    tail = table[gi][first:]
+    tail = table[gi][first:end]
     kinds = set(map(type, tail))
     if kinds == {int}:
         return _INTS if min(cast("Sequence[int]", tail)) >= 0 else _INTS_OR_NONE
@@ -220,7 +230,7 @@ def _tail_kind(table: BlockTable, gi: int, first: int) -> int:
 
 
 def _held(part: Sequence[int | None], kind: int) -> bool:
-    """Whether the engine holds every block of ``part`` (a slice of a row ``_tail_kind``
+    """Whether the engine holds every block of ``part`` (a slice of a row ``_span_kind``
     found plain): no None and no negative id."""
     return kind == _INTS or (None not in part and (not part or min(
         cast("Sequence[int]", part)) >= 0))
