@@ -38,7 +38,7 @@ from kvtier.layout import Layout
 from kvtier.planner.binding import BlockTable, ChunkBinder
 from kvtier.planner.jobs import JobBook
 from kvtier.planner.lookup import LoadRanges, assess, candidate_hits, hit_chunks, hit_keys, ready_at
-from kvtier.planner.requests import PendingHit, RequestState, check_computed
+from kvtier.planner.requests import PendingHit, RequestState, check_computed, prompt_chain
 from kvtier.planner.serving import DenseChunks, new_chunks, shared_point
 from kvtier.planner.types import (
     LoadResult,
@@ -86,17 +86,22 @@ class Planner:
     # ---- requests ----------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt: Iterable[int], *, salt: str | None = None,
+        self, request_id: str, prompt: Iterable[int] | KeyChain, *, salt: str | None = None,
         limits: RequestLimits | None = None,
     ) -> None:
-        """Register a request by its prompt tokens; ``salt`` isolates a tenant's cache."""
+        """Register a request by its prompt tokens; ``salt`` isolates a tenant's cache.
+
+        ``prompt`` may be a ``KeyChain`` the caller already built over the prompt, for this
+        planner's layout and namespace (with ``salt`` as its tenant salt): its keys are
+        used as they are, not hashed again, and the planner extends a fork of it
+        (``KeyChain.fork``), never the caller's chain."""
         with self._lock:
             if request_id in self._requests:
                 raise ValueError(f"request {request_id!r} is already registered")
             ns = self.namespace
             if salt:
                 ns = Namespace(**{**vars(ns), "tenant_salt": salt})
-            chain = KeyChain(self.layout, ns, prompt)
+            chain = prompt_chain(request_id, prompt, self.layout, ns)
             if chain.num_tokens == 0:
                 raise ValueError(f"request {request_id!r} has an empty prompt")
             self._requests[request_id] = RequestState(

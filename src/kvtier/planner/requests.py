@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from kvtier import coverage
 from kvtier.coverage import BlockRun
-from kvtier.keys import ChunkKey, KeyChain
+from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Group, Layout
 from kvtier.planner.types import Lookup, Metrics, RequestLimits
 from kvtier.store.results import LoadHandle
@@ -74,6 +74,23 @@ class RequestState:
     def idle(self) -> bool:
         """No hit pinned and no job in flight."""
         return self.hit is None and not self.store_jobs and not self.load_jobs
+
+
+def prompt_chain(
+    request_id: str, prompt: Iterable[int] | KeyChain, layout: Layout, ns: Namespace
+) -> KeyChain:
+    """A request's chain: hashed from its prompt's tokens, or a fork of the caller's chain
+    over them (``Planner.add_request``), whose keys must be this planner's: ``ValueError``
+    unless it was built for the same layout and namespace, tenant salt included."""
+    if not isinstance(prompt, KeyChain):
+        return KeyChain(layout, ns, prompt)
+    if (prompt.layout is not layout and prompt.layout != layout) or prompt.namespace != ns:
+        raise ValueError(
+            f"request {request_id!r}: its prompt KeyChain was built for another layout or "
+            "namespace than this planner's; build it as KeyChain(planner.layout, "
+            "planner.namespace, prompt), with the request's salt as tenant_salt, or pass "
+            "the prompt's tokens")
+    return prompt.fork()
 
 
 def load_block_ids(

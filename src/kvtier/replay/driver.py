@@ -24,9 +24,6 @@ from collections.abc import Callable, Sequence
 from itertools import count
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
-
 from kvtier import coverage
 from kvtier.keys import TAG_SIZE, ChunkKey
 from kvtier.layout import Layout
@@ -34,11 +31,7 @@ from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
 from kvtier.replay.hits import HitPlans, block_hit
 from kvtier.replay.metadata import metadata_store
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
-from kvtier.replay.refs import (
-    RequestRefs,
-    replay_namespace,
-    token_stream,
-)
+from kvtier.replay.refs import RequestRefs, replay_namespace, token_span
 from kvtier.replay.stats import GroupCounts, ReplayStats
 from kvtier.replay.store import DISK, HOST, ReplayStore
 from kvtier.replay.trace import TraceRequest
@@ -133,7 +126,6 @@ class Driver:
         self._chunk_bytes = chunk_bytes_by_tag(config.layout)
         self._group_bytes = [g.bytes_per_chunk or 0 for g in config.layout.groups]
         store.subscribe_tiers(self._on_tier_event)
-        self._streams: dict[str, npt.NDArray[np.uint32]] = {}  # between begin and store_all
         self._hits = HitPlans()  # block_hit's plans
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
@@ -162,8 +154,7 @@ class Driver:
         self.store.promoted.clear()
         reach = block_hit(self.layout, refs, where, self._hits)
         self._count_refs(req, refs, reach)
-        stream = self._streams[rid] = token_stream(req.hash_ids, self.config.block_tokens)
-        self.planner.add_request(rid, stream[: refs.num_prompt],
+        self.planner.add_request(rid, refs.prompt,  # hashed once, by refs
                                  limits=RequestLimits(max_load_tokens=reach,
                                                       boundaries=self.config.boundaries))
         return where
@@ -203,9 +194,9 @@ class Driver:
             where = self.store.locate_checked(refs.keys)
         held = [(k, w) for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
         hold = self.store.hold([k for k, _ in held], [w for _, w in held]) if held else None
-        stream = self._streams.pop(rid)
         if refs.store_tokens > refs.num_prompt:
-            self.planner.append_tokens(rid, stream[refs.num_prompt : refs.store_tokens])
+            self.planner.append_tokens(rid, token_span(req.hash_ids, self.config.block_tokens,
+                                                       refs.num_prompt, refs.store_tokens))
         self._store_in_order(rid, refs, where, loaded)
         if hold is not None:
             self.store.complete_load(hold)

@@ -23,6 +23,7 @@ the future.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -31,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier import coverage
-from kvtier.keys import ChunkKey, KeyChain, Namespace
+from kvtier.keys import ChunkKey, KeyChain, Namespace, SharedPrefixes
 from kvtier.layout import Layout
 from kvtier.replay.trace import TraceRequest
 
@@ -52,6 +53,19 @@ def token_stream(hash_ids: tuple[int, ...], block_tokens: int) -> npt.NDArray[np
     return fill.reshape(len(ids), 2 * reps)[:, :block_tokens].reshape(-1)
 
 
+def token_span(hash_ids: tuple[int, ...], block_tokens: int, start: int, stop: int
+               ) -> npt.NDArray[np.uint32]:
+    """``token_stream(hash_ids, block_tokens)[start:stop]``, made of the blocks it covers
+    only (a prompt's last, partial block, without the prompt before it).
+
+    >>> token_span((5, 2**32 + 7, 9), block_tokens=4, start=6, stop=9).tolist()
+    [7, 1, 9]
+    """
+    first, last = start // block_tokens, -(-stop // block_tokens)
+    skip = first * block_tokens
+    return token_stream(hash_ids[first:last], block_tokens)[start - skip : stop - skip]
+
+
 def replay_namespace(layout: Layout) -> Namespace:
     """The namespace the replay's planner and its references share. Its group tags hash
     each group's own geometry only (``layout_fields="group"``), as before keys covered the
@@ -68,7 +82,9 @@ class RequestRefs:
     ``horizons[i]`` tokens are computed. ``store_tokens`` is the stored scope (the whole
     stream, or the prompt); ``num_prompt`` the prompt's tokens. ``groups``, ``chunks``
     and ``horizons`` depend on ``store_tokens`` only, and are shared by every request with
-    the same (``RefsPlanner``).
+    the same (``RefsPlanner``). ``prompt`` is the prompt's ``KeyChain``, in the replay's
+    namespace: the planner takes it as the prompt (``Planner.add_request``), so that the
+    stream is hashed once per request.
     """
 
     num_prompt: int
@@ -77,6 +93,7 @@ class RequestRefs:
     groups: tuple[int, ...]
     chunks: tuple[int, ...]
     horizons: tuple[int, ...]
+    prompt: KeyChain
 
 
 def store_tokens_of(req: TraceRequest, block_tokens: int, scope: StoreScope) -> int:
@@ -104,13 +121,18 @@ class _Plan:
 class RefsPlanner:
     """``request_refs`` for one layout, namespace, block size and scope: the store order
     of a stored scope is computed once per distinct ``store_tokens`` (traces name whole
-    blocks: a few hundred distinct values), so a request costs its hashing only."""
+    blocks: a few hundred distinct values), so a request costs its hashing only, and each
+    run of leading blocks is hashed once for every request that starts with it
+    (``SharedPrefixes``: ``hash_ids`` name their prefix, as token streams do)."""
 
     def __init__(self, layout: Layout, namespace: Namespace, block_tokens: int,
                  scope: StoreScope) -> None:
         self.layout, self.namespace = layout, namespace
         self.block_tokens, self.scope = block_tokens, scope
         self._plans: dict[int, _Plan] = {}
+        self._prefixes = SharedPrefixes(layout, namespace, block_tokens,
+                                        functools.partial(token_stream,
+                                                          block_tokens=block_tokens))
 
     def refs(self, req: TraceRequest) -> RequestRefs:
         """Hash one request's stream and list the chunks of its store sets, in store order."""
@@ -118,14 +140,15 @@ class RefsPlanner:
         plan = self._plans.get(top)
         if plan is None:
             plan = self._plans[top] = _plan(self.layout, top)
-        chain = KeyChain(self.layout, self.namespace,
-                         token_stream(req.hash_ids, self.block_tokens)[:top])
+        chain = self._prefixes.chain(req.hash_ids, top)
+        prompt = (chain if top == req.input_length else
+                  self._prefixes.chain(req.hash_ids, req.input_length))
         per_group = [chain.keys(gi, chunks) for gi, chunks in enumerate(plan.per_group)]
         keys = (per_group[0] if plan.order is None and len(per_group) == 1 else
                 [k for ks in per_group for k in ks] if plan.order is None else
                 [per_group[gi][j] for gi, j in plan.order])
         return RequestRefs(req.input_length, top, keys, plan.groups, plan.chunks,
-                           plan.horizons)
+                           plan.horizons, prompt)
 
 
 def _plan(layout: Layout, top: int) -> _Plan:
