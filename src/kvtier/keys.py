@@ -21,14 +21,11 @@ another prefix.
 from __future__ import annotations
 
 import bisect
-import copy
 import functools
 import hashlib
-import itertools
 import math
 import sys
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NewType, cast
@@ -245,7 +242,8 @@ class KeyChain:
         """An independent copy: the same tokens and keys so far, extended apart from this
         chain from now on, with nothing hashed again (a prompt's chain forked to extend
         over its answer, the prompt's own kept for the planner)."""
-        twin = copy.copy(self)  # then a copy of everything that changes as it extends
+        twin = KeyChain.__new__(KeyChain)  # copy.copy, without its generic protocol (5x)
+        twin.__dict__.update(self.__dict__)  # then a copy of what changes as it extends
         twin._segments, twin._offsets = self._segments.copy(), self._offsets.copy()
         twin._drafts = dict(self._drafts)
         twin._built = [built.copy() for built in self._built]
@@ -254,28 +252,9 @@ class KeyChain:
         twin._state = None if self._state is None else bytearray(self._state)
         return twin
 
-    def _snapshot(self) -> Any:
-        """The running hash as it stands, to ``_resume`` from (never changed after)."""
-        return self._hash.copy() if self._state is None else bytes(self._state)
-
-    def _resume(self, snapshot: Any, spine: list[bytes], num_tokens: int) -> None:
-        """Continue, on a chain with no tokens yet, from a ``_snapshot`` taken after
-        ``num_tokens`` tokens whose spine is ``spine`` (``SharedPrefixes``; tokens are
-        not kept: never for a layout with lookahead)."""
-        assert not self._keep and not self._num_bytes, "resume only a fresh chain"
-        self._num_bytes, self._spine = num_tokens * 4, spine
-        self._filled = self._num_bytes % (self._unit * 4)
-        if self._state is None:
-            self._hash = snapshot.copy()
-        else:
-            self._state = bytearray(snapshot)
-
     def extend(self, tokens: Iterable[int]) -> None:
         """Append tokens and hash every unit they complete (no copy of long inputs)."""
-        self._extend_bytes(_token_bytes(tokens))
-
-    def _extend_bytes(self, data: bytes | memoryview) -> None:
-        """``extend`` of tokens already as little-endian uint32 bytes."""
+        data = _token_bytes(tokens)
         if not len(data):
             return
         if self._keep and self._segments and len(self._segments[-1]) < _SMALL:
@@ -373,93 +352,6 @@ class KeyChain:
         if isinstance(chunks, range):  # the common case: one slice
             return built[low : high + 1]
         return [built[c] for c in chunks]
-
-
-class SharedPrefixes:
-    """``KeyChain``s over streams made of blocks named by ids, each distinct run of leading
-    blocks hashed once however many streams start with it.
-
-    A stream is ``block_tokens`` tokens per id, ``tokens(ids)`` the blocks of ``ids`` in
-    order, each block's tokens a function of its own id (the replay's ``token_stream``).
-    Streams whose ids agree up to block ``k`` share their first ``k`` blocks, so the
-    running hash after each whole block is remembered, with the spine digests that block
-    completed, under its id and the entry of the block before: a chain resumes after the
-    deepest block an earlier chain hashed and hashes only the rest. Its keys are those of
-    ``KeyChain(layout, namespace, tokens(ids)[:num_tokens])``, byte for byte.
-
-    At most ``capacity`` blocks are remembered, the least recently used dropped first
-    (a dropped block's descendants are then never reached, and age out in turn). A layout
-    with lookahead (a draft group) keeps its tokens for its keys: its chains are hashed
-    whole, nothing remembered.
-
-    >>> from kvtier.layout import Group, Layout
-    >>> layout, ns = Layout((Group("full", 16),)), Namespace("demo")
-    >>> shared = SharedPrefixes(layout, ns, 8, lambda ids: [i for i in ids for _ in range(8)])
-    >>> first = shared.chain((1, 2, 3), 20)  # blocks 1 and 2 remembered
-    >>> again = shared.chain((1, 2, 4), 24)  # hashes block 4 only
-    >>> again.keys(0, range(1)) == KeyChain(layout, ns, [1] * 8 + [2] * 8).keys(0, range(1))
-    True
-    """
-
-    def __init__(self, layout: Layout, namespace: Namespace, block_tokens: int,
-                 tokens: Callable[[Sequence[int]], Iterable[int]],
-                 capacity: int = 65_536) -> None:
-        if block_tokens < 1 or capacity < 0:
-            raise ValueError(f"shared prefixes: block_tokens must be >= 1 and capacity >= 0, "
-                             f"got {block_tokens} and {capacity}")
-        self.block_tokens, self.capacity, self._tokens = block_tokens, capacity, tokens
-        self._blank = KeyChain(layout, namespace)
-        self._off = self._blank._keep or capacity == 0
-        self._blocks: OrderedDict[tuple[int, int], tuple[int, Any, list[bytes]]] = OrderedDict()
-        self._serials = itertools.count(1)  # 0: the empty prefix
-
-    def __len__(self) -> int:
-        """Blocks remembered."""
-        return len(self._blocks)
-
-    def chain(self, ids: Sequence[int], num_tokens: int) -> KeyChain:
-        """The chain over the first ``num_tokens`` tokens of the stream of ``ids``."""
-        size = self.block_tokens
-        if not 0 <= num_tokens <= len(ids) * size:
-            raise ValueError(f"shared prefixes: {num_tokens} tokens asked of {len(ids)} "
-                             f"blocks of {size}")
-        chain = self._blank.fork()
-        whole = 0 if self._off else num_tokens // size
-        parent, done = self._resume(chain, ids, whole)
-        data = _token_bytes(self._tokens(ids[done : -(-num_tokens // size)]))
-        step = size * 4
-        for i in range(whole - done):  # whole blocks no earlier chain hashed
-            before = len(chain._spine)
-            chain._extend_bytes(data[i * step : (i + 1) * step])
-            parent = self._remember((parent, ids[done + i]), chain, before)
-        chain._extend_bytes(data[(whole - done) * step : (num_tokens - done * size) * 4])
-        return chain
-
-    def _resume(self, chain: KeyChain, ids: Sequence[int], whole: int) -> tuple[int, int]:
-        """Resume ``chain`` after the deepest of the first ``whole`` blocks remembered;
-        that block's entry and how many blocks it ends."""
-        blocks, parent, done, snapshot = self._blocks, 0, 0, None
-        spine: list[bytes] = []
-        while done < whole:
-            key = (parent, ids[done])
-            entry = blocks.get(key)
-            if entry is None:
-                break
-            blocks.move_to_end(key)
-            parent, snapshot, digests = entry
-            spine += digests
-            done += 1
-        if snapshot is not None:
-            chain._resume(snapshot, spine, done * self.block_tokens)
-        return parent, done
-
-    def _remember(self, key: tuple[int, int], chain: KeyChain, before: int) -> int:
-        """Remember the block ``chain`` just hashed (spine from ``before``); its entry."""
-        serial = next(self._serials)
-        self._blocks[key] = (serial, chain._snapshot(), chain._spine[before:])
-        if len(self._blocks) > self.capacity:
-            self._blocks.popitem(last=False)
-        return serial
 
 
 _NEAR = 64

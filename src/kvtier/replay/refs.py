@@ -23,7 +23,6 @@ the future.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -32,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier import coverage
-from kvtier.keys import ChunkKey, KeyChain, Namespace, SharedPrefixes
+from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
 from kvtier.replay.trace import TraceRequest
 
@@ -121,18 +120,14 @@ class _Plan:
 class RefsPlanner:
     """``request_refs`` for one layout, namespace, block size and scope: the store order
     of a stored scope is computed once per distinct ``store_tokens`` (traces name whole
-    blocks: a few hundred distinct values), so a request costs its hashing only, and each
-    run of leading blocks is hashed once for every request that starts with it
-    (``SharedPrefixes``: ``hash_ids`` name their prefix, as token streams do)."""
+    blocks: a few hundred distinct values), so a request costs its hashing only: once,
+    its prompt's chain forked to extend over the rest of the stored scope."""
 
     def __init__(self, layout: Layout, namespace: Namespace, block_tokens: int,
                  scope: StoreScope) -> None:
         self.layout, self.namespace = layout, namespace
         self.block_tokens, self.scope = block_tokens, scope
         self._plans: dict[int, _Plan] = {}
-        self._prefixes = SharedPrefixes(layout, namespace, block_tokens,
-                                        functools.partial(token_stream,
-                                                          block_tokens=block_tokens))
 
     def refs(self, req: TraceRequest) -> RequestRefs:
         """Hash one request's stream and list the chunks of its store sets, in store order."""
@@ -140,9 +135,10 @@ class RefsPlanner:
         plan = self._plans.get(top)
         if plan is None:
             plan = self._plans[top] = _plan(self.layout, top)
-        chain = self._prefixes.chain(req.hash_ids, top)
-        prompt = (chain if top == req.input_length else
-                  self._prefixes.chain(req.hash_ids, req.input_length))
+        stream = token_stream(req.hash_ids, self.block_tokens)
+        prompt = KeyChain(self.layout, self.namespace, stream[: min(req.input_length, top)])
+        chain = prompt.fork()  # the stored scope: the prompt hashed once for both
+        chain.extend(stream[prompt.num_tokens : top])
         per_group = [chain.keys(gi, chunks) for gi, chunks in enumerate(plan.per_group)]
         keys = (per_group[0] if plan.order is None and len(per_group) == 1 else
                 [k for ks in per_group for k in ks] if plan.order is None else

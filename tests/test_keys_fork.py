@@ -1,0 +1,103 @@
+"""Chains hashed once: ``KeyChain.fork`` and a planner that takes the caller's prompt chain.
+Each is compared with a fresh ``KeyChain`` over the same tokens (the reference), with
+negative controls over other tokens."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.keys import KeyChain, Namespace
+from kvtier.layout import Group, Layout
+from kvtier.planner import Outcome, Planner
+from kvtier.store import ChunkStore
+
+PLAIN = Layout((Group("full", 16), Group("sliding_window", 4, window=8)))
+ODD = Layout((Group("full", 12),))
+DRAFT = Layout((Group("full", 16), Group("full", 16, lookahead=2, name="draft")))
+NS = Namespace("test-model")
+
+
+def all_keys(chain: KeyChain) -> list[list[object]]:
+    """Every key of every group the chain's tokens determine."""
+    return [[chain.key(g, c) for c in range(chain.num_tokens // group.tokens_per_chunk + 1)]
+            for g, group in enumerate(chain.layout.groups)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=80), st.integers(0, 80),
+       st.lists(st.integers(0, 9), min_size=1, max_size=40),
+       st.sampled_from([PLAIN, ODD, DRAFT]), st.sampled_from(["sha256", "blake2b"]))
+def test_a_fork_anywhere_equals_a_fresh_chain(tokens, cut, other, layout, hash_name):
+    ns = Namespace("m", hash_name=hash_name)
+    base = KeyChain(layout, ns, tokens[:cut])
+    twin = base.fork()
+    twin.extend(tokens[cut:])
+    base.extend(other)
+    assert all_keys(twin) == all_keys(KeyChain(layout, ns, tokens))
+    assert all_keys(base) == all_keys(KeyChain(layout, ns, [*tokens[:cut], *other]))
+
+
+@pytest.mark.parametrize("layout", [PLAIN, DRAFT])
+def test_a_fork_extends_apart_from_its_chain(layout):
+    base = KeyChain(layout, NS, range(30))
+    twin = base.fork()
+    twin.extend(range(30, 70))
+    base.extend(range(100, 140))  # the negative control: other tokens, other keys
+    assert all_keys(twin) == all_keys(KeyChain(layout, NS, range(70)))
+    assert all_keys(base) == all_keys(KeyChain(layout, NS, [*range(30), *range(100, 140)]))
+    assert twin.keys(0, range(1, 4)) != base.keys(0, range(1, 4))
+
+
+def planner(layout: Layout = PLAIN) -> Planner:
+    return Planner(layout, ChunkStore(100), NS)
+
+
+def store_prompt(p: Planner, rid: str, prompt) -> None:
+    p.add_request(rid, prompt)
+    tables = [list(range(64 // g.tokens_per_block)) for g in p.layout.groups]
+    job = p.on_computed(rid, 64, tables)
+    assert job is not None
+    p.complete_store(job.id, True)
+    p.finish(rid)
+
+
+def test_the_planner_takes_a_prompt_chain_as_its_tokens():
+    tokens = list(range(64))
+    by_tokens, by_chain = planner(), planner()
+    chain = KeyChain(PLAIN, NS, tokens)
+    store_prompt(by_tokens, "a", tokens)
+    store_prompt(by_chain, "a", chain)
+    assert chain.num_tokens == 64  # the caller's chain is the planner's no more than a copy
+    for p in (by_tokens, by_chain):  # each finds what the other stored: the same keys
+        p.add_request("b", [*tokens, 99])
+        assert p.lookup("b", 0).outcome is Outcome.HIT
+    control = planner()
+    store_prompt(control, "a", KeyChain(PLAIN, NS, [t + 1 for t in tokens]))
+    control.add_request("b", [*tokens, 99])
+    assert control.lookup("b", 0).outcome is Outcome.MISS
+
+
+def test_the_planner_extends_a_fork_never_the_callers_chain():
+    p, chain = planner(), KeyChain(PLAIN, NS, range(20))
+    p.add_request("a", chain)
+    p.append_tokens("a", range(20, 40))
+    assert chain.num_tokens == 20
+
+
+@pytest.mark.parametrize(("chain", "salt"), [
+    (KeyChain(PLAIN, Namespace("other-model"), range(20)), None),
+    (KeyChain(ODD, NS, range(20)), None),
+    (KeyChain(PLAIN, NS, range(20)), "tenant-a"),  # the salt makes another namespace
+])
+def test_the_planner_refuses_a_chain_of_another_layout_or_namespace(chain, salt):
+    with pytest.raises(ValueError, match="another layout or namespace"):
+        planner().add_request("a", chain, salt=salt)
+
+
+def test_the_planner_takes_a_salted_chain_under_its_salt():
+    salted = Namespace(**{**vars(NS), "tenant_salt": "tenant-a"})
+    p = planner()
+    p.add_request("a", KeyChain(PLAIN, salted, range(20)), salt="tenant-a")
+    assert p.num_requests == 1
