@@ -32,6 +32,7 @@ COMPILED = [
     "src/kvtier/retention.py",
     "src/kvtier/store/checks.py",
     "src/kvtier/store/manager.py",
+    "src/kvtier/store/offers.py",
     "src/kvtier/store/pins.py",
     "src/kvtier/store/results.py",
     "src/kvtier/store/policies/arc.py",

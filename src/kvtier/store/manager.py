@@ -65,7 +65,7 @@ from typing import NoReturn, cast
 from mypy_extensions import mypyc_attr
 
 from kvtier.keys import ChunkKey
-from kvtier.store.admission import Admission, fingerprints
+from kvtier.store.admission import Admission
 from kvtier.store.backend import SlotAllocator, SlotBackend
 from kvtier.store.checks import (
     check_handles,
@@ -76,6 +76,7 @@ from kvtier.store.checks import (
     resolve_policy,
     take_handle,
 )
+from kvtier.store.offers import fingerprints
 from kvtier.store.pins import PinCounts
 from kvtier.store.policies import Policy
 from kvtier.store.results import (

@@ -149,6 +149,34 @@ class EventLog:
         return events
 
 
+class EventCounts:
+    """Chunks a store stored and evicted, counted by subscribing to its events: one
+    increment per event, under the store's own lock (so no lock of its own). Here, beside
+    the events, so that the serving build compiles it: a tiered store counts every chunk
+    its host stores and evicts (``kvtier.tiers.tiered``).
+
+    >>> counts = EventCounts()
+    >>> counts(StoreEvent(EventKind.STORED, ChunkKey(bytes(40)), 0)); counts.fields()
+    {'stored': 1, 'evicted': 0}
+    """
+
+    __slots__ = ("_evicted", "_stored")
+
+    def __init__(self) -> None:
+        self._stored = self._evicted = 0
+
+    def __call__(self, event: StoreEvent) -> None:
+        kind = event.kind  # compared by identity: an enum's hash is a Python call
+        if kind is EventKind.STORED:
+            self._stored += 1
+        elif kind is EventKind.EVICTED:
+            self._evicted += 1
+
+    def fields(self) -> dict[str, int]:
+        """As ``TierStats`` fields (a removal on request counts nowhere)."""
+        return {"stored": self._stored, "evicted": self._evicted}
+
+
 class HandleError(ValueError):
     """A ``complete_*`` got a handle that is not live here: already completed, from another
     store, or of the other kind. Nothing changed."""

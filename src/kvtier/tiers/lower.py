@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
-from kvtier.store.results import EventKind, StoreEvent, Subscriber
+from kvtier.store.results import EventCounts as EventCounts  # moved there (compiled)
+from kvtier.store.results import StoreEvent, Subscriber
 
 if TYPE_CHECKING:
     from kvtier.store.manager import ChunkStore
@@ -110,32 +111,6 @@ class TierStats:
         out["read_mb_s"] = _ratio(out["bytes_read"] / 1e6, out["read_seconds"])
         out["write_mb_s"] = _ratio(out["bytes_written"] / 1e6, out["write_seconds"])
         return out
-
-
-class EventCounts:
-    """Chunks a store stored and evicted, counted by subscribing to its events: one dict
-    increment per event, under the store's own lock (so no lock of its own).
-
-    >>> counts = EventCounts()
-    >>> counts(StoreEvent(EventKind.STORED, ChunkKey(bytes(40)), 0)); counts.fields()
-    {'stored': 1, 'evicted': 0}
-    """
-
-    __slots__ = ("_evicted", "_stored")
-
-    def __init__(self) -> None:
-        self._stored = self._evicted = 0
-
-    def __call__(self, event: StoreEvent) -> None:
-        kind = event.kind  # compared by identity: an enum's hash is a Python call
-        if kind is EventKind.STORED:
-            self._stored += 1
-        elif kind is EventKind.EVICTED:
-            self._evicted += 1
-
-    def fields(self) -> dict[str, int]:
-        """As ``TierStats`` fields (a removal on request counts nowhere)."""
-        return {"stored": self._stored, "evicted": self._evicted}
 
 
 def _ratio(a: float, b: float) -> float:

@@ -59,6 +59,7 @@ from kvtier.store.backend import SlotBackend
 from kvtier.store.manager import ChunkStore, checked_keys
 from kvtier.store.results import (
     ChunkState,
+    EventCounts,
     EventKind,
     LoadHandle,
     StoreEvent,
@@ -69,7 +70,7 @@ from kvtier.store.results import (
 from kvtier.tiers.build import lower_tiers
 from kvtier.tiers.config import TierConfig, WritePolicy
 from kvtier.tiers.host import host_store
-from kvtier.tiers.lower import EventCounts, EventSource, LowerTier, TierStats
+from kvtier.tiers.lower import EventSource, LowerTier, TierStats
 from kvtier.tiers.records.format import geometry_of
 from kvtier.tiers.writedown import Background, WriteDown
 
