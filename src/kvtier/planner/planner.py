@@ -32,12 +32,21 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from operator import itemgetter
+from typing import cast
 
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
 from kvtier.planner.binding import BlockTable, ChunkBinder
 from kvtier.planner.jobs import JobBook
-from kvtier.planner.lookup import LoadRanges, assess, candidate_hits, hit_chunks, hit_keys, ready_at
+from kvtier.planner.lookup import (
+    LoadRanges,
+    assess,
+    assess_at_once,
+    candidate_hits,
+    hit_chunks,
+    hit_keys,
+    ready_at,
+)
 from kvtier.planner.requests import PendingHit, RequestState, check_computed
 from kvtier.planner.serving import DenseChunks, new_chunks, shared_point
 from kvtier.planner.types import (
@@ -48,6 +57,7 @@ from kvtier.planner.types import (
     RequestLimits,
     TransferJob,
 )
+from kvtier.store.manager import ChunkStore
 from kvtier.store.protocol import StoreProtocol
 from kvtier.store.results import ChunkNotReadyError, StoreRefusal
 
@@ -82,6 +92,11 @@ class Planner:
         self._binder = ChunkBinder(layout)
         self._load_ranges = LoadRanges(layout)
         self._dense = DenseChunks(layout)
+        # A ChunkStore's lookup changes nothing, so a lookup classifies each group's chunks
+        # in one store call (``assess_at_once``), of keys it need not check (KeyChain's);
+        # a store whose lookup promotes or probes lower tiers is asked only for the chunks
+        # the walk of ``assess`` needs, in its order.
+        self._pure_lookup = type(store) is ChunkStore
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -152,13 +167,17 @@ class Planner:
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
         loading = self._jobs.loading()
-        whole = ready_at(self.layout, req.chain, candidates[0], on_device, self.store.lookup,
-                         loading, ranges)
-        if whole is not None:  # the largest hit, all ready: nothing else to look up
-            return self._pin_hit(req, candidates[0], on_device, whole)
-        avail = assess(
-            self.layout, req.chain, candidates, on_device, self.store.lookup, loading, ranges
-        )
+        if self._pure_lookup:
+            store = cast(ChunkStore, self.store)
+            avail = assess_at_once(self.layout, req.chain, candidates, on_device,
+                                   store.lookup_checked, loading, ranges)
+        else:
+            whole = ready_at(self.layout, req.chain, candidates[0], on_device,
+                             self.store.lookup, loading, ranges)
+            if whole is not None:  # the largest hit, all ready: nothing else to look up
+                return self._pin_hit(req, candidates[0], on_device, whole)
+            avail = assess(self.layout, req.chain, candidates, on_device, self.store.lookup,
+                           loading, ranges)
         best = avail.best_ready
         if avail.best_soon > best:
             now = self.clock()
