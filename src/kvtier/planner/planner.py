@@ -48,7 +48,7 @@ from kvtier.planner.lookup import (
     ready_at,
 )
 from kvtier.planner.requests import PendingHit, RequestState, check_computed
-from kvtier.planner.serving import DenseChunks, new_chunks, shared_point
+from kvtier.planner.serving import DenseChunks, ServedChunks, new_chunks, shared_point
 from kvtier.planner.types import (
     LoadResult,
     Lookup,
@@ -92,6 +92,7 @@ class Planner:
         self._binder = ChunkBinder(layout)
         self._load_ranges = LoadRanges(layout)
         self._dense = DenseChunks(layout)
+        self._served = ServedChunks(layout)
         # A ChunkStore's lookup changes nothing, so a lookup classifies each group's chunks
         # in one store call (``assess_at_once``), of keys it need not check (KeyChain's);
         # a store whose lookup promotes or probes lower tiers is asked only for the chunks
@@ -299,7 +300,7 @@ class Planner:
         cap = req.store_cap(horizon)
         if cap <= req.stored_horizon:
             return
-        chunks = new_chunks(self.layout, req, cap, self._dense)
+        chunks = new_chunks(self.layout, req, cap, self._dense, self._served)
         req.stored_horizon = cap
         if not chunks:  # most decoding steps
             return
