@@ -213,8 +213,10 @@ def assess_at_once(
     best = [on_device, on_device, on_device]
     if not candidates:
         return Availability(*best)
-    # groups whose chunks need their predecessors first: a window's chunks are not looked
-    # up for a candidate whose full-attention chunks already fail
+    # groups whose chunks need their predecessors first (a window's chunks are not looked
+    # up for a candidate whose full-attention chunks already fail); then the group that
+    # failed the last candidate first: the next one usually fails there too (a window
+    # stored for none of the prompt's boundaries fails every candidate)
     groups = [_Levels(gi, chain, states, loading_elsewhere) for gi in load.prefix_first]
     # a candidate of level L passes kinds L..2, so the kinds settled are always m..2, m the
     # lowest level seen so far: a candidate below it settles kinds L..m-1
@@ -225,8 +227,11 @@ def assess_at_once(
             r = load(g.gi, b, on_device)
             if r:
                 level = max(level, g.level(r))
-                if level >= settled_from:
-                    break  # this candidate cannot settle a kind: the rest need not look
+                if level >= settled_from:  # this candidate can settle no kind
+                    if g is not groups[0]:
+                        groups.remove(g)
+                        groups.insert(0, g)
+                    break
         if level < settled_from:
             best[level:settled_from] = [b] * (settled_from - level)
             settled_from = level

@@ -218,8 +218,9 @@ class Planner:
         return result
 
     def _count_lookup(self, req: RequestState, result: Lookup) -> None:
+        outcome = result.outcome.value  # an enum's value is a property: read it once
         for m in (self.metrics, req.metrics):
-            m.lookups[result.outcome.value] += 1
+            m.lookups[outcome] += 1
         if result.outcome is Outcome.WAIT:
             self._count(req, "waits")
 
