@@ -381,7 +381,8 @@ class Planner:
     def _close(self, request_id: str) -> None:
         with self._lock:
             req = self._request(request_id)
-            self.decline_hit(request_id)
+            if req.hit is not None:  # most requests end with none pinned
+                self.decline_hit(request_id)
             req.pending, req.closed = [], True
             self._maybe_forget(req)
 
