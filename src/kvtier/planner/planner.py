@@ -32,31 +32,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from operator import itemgetter
-from typing import cast
 
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
+from kvtier.planner import lookup
 from kvtier.planner.binding import BlockTable, ChunkBinder
 from kvtier.planner.jobs import JobBook
-from kvtier.planner.lookup import (
-    LoadRanges,
-    assess,
-    assess_at_once,
-    candidate_hits,
-    hit_chunks,
-    hit_keys,
-    ready_at,
-)
 from kvtier.planner.requests import PendingHit, RequestState, check_computed
 from kvtier.planner.serving import DenseChunks, ServedChunks, new_chunks, shared_point
-from kvtier.planner.types import (
-    LoadResult,
-    Lookup,
-    Metrics,
-    Outcome,
-    RequestLimits,
-    TransferJob,
-)
+from kvtier.planner.types import LoadResult, Lookup, Metrics, Outcome, RequestLimits, TransferJob
 from kvtier.store.manager import ChunkStore
 from kvtier.store.protocol import StoreProtocol
 from kvtier.store.results import ChunkNotReadyError, StoreRefusal
@@ -90,14 +74,11 @@ class Planner:
         self._requests: dict[str, RequestState] = {}
         self._jobs = JobBook(len(layout.groups))
         self._binder = ChunkBinder(layout)
-        self._load_ranges = LoadRanges(layout)
+        self._load_ranges = lookup.LoadRanges(layout)
         self._dense = DenseChunks(layout)
         self._served = ServedChunks(layout)
-        # A ChunkStore's lookup changes nothing, so a lookup classifies each group's chunks
-        # in one store call (``assess_at_once``), of keys it need not check (KeyChain's);
-        # a store whose lookup promotes or probes lower tiers is asked only for the chunks
-        # the walk of ``assess`` needs, in its order.
-        self._pure_lookup = type(store) is ChunkStore
+        # a ChunkStore's lookup changes nothing: spans of KeyChain's keys (assess_at_once)
+        self._states = store.lookup_checked if type(store) is ChunkStore else None
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -162,23 +143,21 @@ class Planner:
     def _decide(self, req: RequestState, on_device: int) -> Lookup:
         # every token known may have stored KV: a resumed request's output too
         ranges, hits = self._load_ranges, req.consumer_hits(self.layout)
-        candidates = candidate_hits(
-            self.layout, req.chain.num_tokens, on_device, req.limits.max_load_tokens, hits
-        )
+        candidates = lookup.candidate_hits(self.layout, req.chain.num_tokens, on_device,
+                                           req.limits.max_load_tokens, hits)
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
         loading = self._jobs.loading()
-        if self._pure_lookup:
-            store = cast(ChunkStore, self.store)
-            avail = assess_at_once(self.layout, req.chain, candidates, on_device,
-                                   store.lookup_checked, loading, ranges)
-        else:
-            whole = ready_at(self.layout, req.chain, candidates[0], on_device,
-                             self.store.lookup, loading, ranges)
+        if self._states is not None:
+            avail = lookup.assess_at_once(self.layout, req.chain, candidates, on_device,
+                                          self._states, loading, ranges)
+        else:  # a store whose lookup promotes or probes: asked in the walk's order
+            whole = lookup.ready_at(self.layout, req.chain, candidates[0], on_device,
+                                    self.store.lookup, loading, ranges)
             if whole is not None:  # the largest hit, all ready: nothing else to look up
                 return self._pin_hit(req, candidates[0], on_device, whole)
-            avail = assess(self.layout, req.chain, candidates, on_device, self.store.lookup,
-                           loading, ranges)
+            avail = lookup.assess(self.layout, req.chain, candidates, on_device,
+                                  self.store.lookup, loading, ranges)
         best = avail.best_ready
         if avail.best_soon > best:
             now = self.clock()
@@ -192,8 +171,8 @@ class Planner:
             best = avail.best_readable
         if best <= on_device:
             return Lookup(Outcome.MISS, on_device)
-        return self._pin_hit(req, best, on_device, hit_keys(self.layout, req.chain, best,
-                                                            on_device, ranges))
+        return self._pin_hit(req, best, on_device, lookup.hit_keys(self.layout, req.chain,
+                                                                   best, on_device, ranges))
 
     def _pin_hit(
         self, req: RequestState, b: int, on_device: int, keys: list[list[ChunkKey]]
@@ -205,7 +184,7 @@ class Planner:
         call, so a promotion for one group may have evicted a chunk another call found:
         the hit's chunks are then asked for together, and pinned if that brought them all
         back, else the lookup misses."""
-        chunks = hit_chunks(self.layout, b, on_device, self._load_ranges)
+        chunks = lookup.hit_chunks(self.layout, b, on_device, self._load_ranges)
         flat = [*itertools.chain.from_iterable(keys)]
         try:
             handle = self.store.prepare_load(flat)
@@ -218,9 +197,8 @@ class Planner:
         return result
 
     def _count_lookup(self, req: RequestState, result: Lookup) -> None:
-        outcome = result.outcome.value  # an enum's value is a property: read it once
         for m in (self.metrics, req.metrics):
-            m.lookups[outcome] += 1
+            m.lookups[result.outcome.value] += 1
         if result.outcome is Outcome.WAIT:
             self._count(req, "waits")
 
