@@ -72,8 +72,11 @@ class DenseChunks:
 
     def between(self, old: int, new: int) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
-        for gi in range(len(self._added)):
-            out += self.of_group(gi, old, new)
+        for gi, added in enumerate(self._added):
+            if len(added) < new:
+                self._fill(gi, added, new)
+            for k in range(old, new):
+                out.extend(added[k])
         return out
 
     def of_group(self, gi: int, old: int, new: int) -> list[tuple[int, int]]:
