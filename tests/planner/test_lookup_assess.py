@@ -1,19 +1,25 @@
-"""``lookup.assess`` against a brute-force oracle: every candidate, every chunk, every kind.
+"""``lookup.assess`` and ``lookup.assess_at_once`` against a brute-force oracle: every
+candidate, every chunk, every kind.
 
-``assess`` walks the candidates from the largest down and classifies each chunk once; the
-oracle checks every chunk of every candidate from scratch. They must agree on the best
-ready, readable and soon boundaries, and ``hit_keys`` must name every key a best hit loads.
+``assess`` walks the candidates from the largest down and classifies each chunk once;
+``assess_at_once`` (for a store whose lookup changes nothing) classifies spans of chunks in
+fewer store lookups; the oracle checks every chunk of every candidate from scratch. They
+must agree on the best ready, readable and soon boundaries, and ``hit_keys`` must name
+every key a best hit loads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier import coverage
 from kvtier.keys import ChunkKey, KeyChain, Namespace
-from kvtier.layout import Layout
-from kvtier.planner.lookup import assess, candidate_hits, hit_keys
+from kvtier.layout import Group, Layout
+from kvtier.planner.lookup import Availability, assess, assess_at_once, candidate_hits, hit_keys
 from kvtier.store.results import ChunkState
 from strategies import layouts
 
@@ -36,9 +42,13 @@ def oracle(layout: Layout, chain: KeyChain, candidates: list[int], on_device: in
     return tuple(best)
 
 
+Walk = Callable[..., Availability]
+
+
+@pytest.mark.parametrize("walk", [assess, assess_at_once])
 @settings(max_examples=300, deadline=None)
 @given(layout=layouts(), data=st.data())
-def test_assess_matches_the_oracle(layout: Layout, data: st.DataObject) -> None:
+def test_assess_matches_the_oracle(walk: Walk, layout: Layout, data: st.DataObject) -> None:
     n = data.draw(st.integers(1, 300))
     chain = KeyChain(layout, Namespace("m"), range(n))
     tpb = max(g.tokens_per_block for g in layout.groups)
@@ -55,10 +65,42 @@ def test_assess_matches_the_oracle(layout: Layout, data: st.DataObject) -> None:
             if data.draw(st.integers(0, 9)) == 0:
                 elsewhere.add(k)
     states = lambda ks: [state.get(k, ChunkState.ABSENT) for k in ks]  # noqa: E731
-    avail = assess(layout, chain, candidates, on_device, states, elsewhere.__contains__)
+    avail = walk(layout, chain, candidates, on_device, states, elsewhere.__contains__)
     want = oracle(layout, chain, candidates, on_device, state, elsewhere)
     assert (avail.best_ready, avail.best_readable, avail.best_soon) == want
     for b in {avail.best_ready, avail.best_readable} - {on_device}:
         got = hit_keys(layout, chain, b, on_device)
         assert got == [[chain.key(gi, c) for c in coverage.load_chunks(g, b, on_device)]
                        for gi, g in enumerate(layout.groups)]
+
+
+WINDOWED = Layout((Group("full", 16), Group("sliding_window", 16, window=32)))
+
+
+def _window_walk(walk: Walk, absent: set[tuple[int, int]]) -> tuple[tuple[int, ...], int]:
+    """A 400-token prompt whose chunks are all stored but ``absent`` (group, chunk) pairs:
+    the best boundaries of ``walk`` and the store lookups it made."""
+    chain = KeyChain(WINDOWED, Namespace("m"), range(400))
+    gone = {chain.key(gi, c) for gi, c in absent}
+    calls = []
+
+    def states(keys: list[ChunkKey]) -> list[ChunkState]:
+        calls.append(keys)
+        return [ChunkState.ABSENT if k in gone else ChunkState.READY for k in keys]
+
+    candidates = candidate_hits(WINDOWED, 400, 0, None)
+    avail = walk(WINDOWED, chain, candidates, 0, states, None)
+    return (avail.best_ready, avail.best_readable, avail.best_soon), len(calls)
+
+
+def test_a_walk_down_a_window_takes_fewer_store_lookups_at_once() -> None:
+    """The window's chunks of every boundary above 64 are absent: both walks go down the
+    candidates (399, 384, .. 64) and agree; ``assess`` looks the window up once per
+    candidate (24 lookups), ``assess_at_once`` in spans that double (6)."""
+    absent = {(1, c) for c in range(4, 25)}
+    walked, walked_calls = _window_walk(assess, absent)
+    at_once, at_once_calls = _window_walk(assess_at_once, absent)
+    assert walked == at_once == (64, 64, 64)
+    assert walked_calls > 20 and at_once_calls <= 6
+    # negative control: the comparison sees one more absent chunk (the full group's chunk 3)
+    assert _window_walk(assess_at_once, absent | {(0, 3)})[0] == (48, 48, 48) != at_once

@@ -54,6 +54,7 @@ class ChunkBinder:
         self._needs_parent = [coverage.needs_predecessor(g) for g in layout.groups]
         # (group, chunk) -> its LiveChunk over a table whose ids are block positions
         self._identity: dict[tuple[int, int], LiveChunk] = {}
+        self._chunk_bytes = [g.bytes_per_chunk or 0 for g in layout.groups]  # a property
 
     def _run(self, gi: int, chunk: int) -> tuple[int, int, int]:
         run = coverage.store_blocks(self.layout, gi, chunk)
@@ -187,7 +188,8 @@ class ChunkBinder:
 
     def num_bytes(self, copies: Iterable[PlannedCopy]) -> int:
         """The layout's bytes of ``copies`` (0 for a group that gives no bytes per token)."""
-        return sum(self.layout.groups[c.group].bytes_per_chunk or 0 for c in copies)
+        per = self._chunk_bytes
+        return sum([per[c.group] for c in copies])
 
 
 def _subsequence(keys: Sequence[ChunkKey], wanted: Sequence[ChunkKey]) -> list[int] | None:

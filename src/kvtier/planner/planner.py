@@ -35,19 +35,13 @@ from operator import itemgetter
 
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
+from kvtier.planner import lookup
 from kvtier.planner.binding import BlockTable, ChunkBinder
 from kvtier.planner.jobs import JobBook
-from kvtier.planner.lookup import LoadRanges, assess, candidate_hits, hit_chunks, hit_keys, ready_at
 from kvtier.planner.requests import PendingHit, RequestState, check_computed, prompt_chain
-from kvtier.planner.serving import DenseChunks, new_chunks, shared_point
-from kvtier.planner.types import (
-    LoadResult,
-    Lookup,
-    Metrics,
-    Outcome,
-    RequestLimits,
-    TransferJob,
-)
+from kvtier.planner.serving import DenseChunks, ServedChunks, new_chunks, shared_point
+from kvtier.planner.types import LoadResult, Lookup, Metrics, Outcome, RequestLimits, TransferJob
+from kvtier.store.manager import ChunkStore
 from kvtier.store.protocol import StoreProtocol
 from kvtier.store.results import ChunkNotReadyError, StoreRefusal
 
@@ -80,8 +74,11 @@ class Planner:
         self._requests: dict[str, RequestState] = {}
         self._jobs = JobBook(len(layout.groups))
         self._binder = ChunkBinder(layout)
-        self._load_ranges = LoadRanges(layout)
+        self._load_ranges = lookup.LoadRanges(layout)
         self._dense = DenseChunks(layout)
+        self._served = ServedChunks(layout)
+        # a ChunkStore's lookup changes nothing: spans of KeyChain's keys (assess_at_once)
+        self._states = store.lookup_checked if type(store) is ChunkStore else None
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -89,21 +86,12 @@ class Planner:
         self, request_id: str, prompt: Iterable[int] | KeyChain, *, salt: str | None = None,
         limits: RequestLimits | None = None,
     ) -> None:
-        """Register a request by its prompt tokens; ``salt`` isolates a tenant's cache.
-
-        ``prompt`` may be a ``KeyChain`` the caller already built over the prompt, for this
-        planner's layout and namespace (with ``salt`` as its tenant salt): its keys are
-        used as they are, not hashed again, and the planner extends a fork of it
-        (``KeyChain.fork``), never the caller's chain."""
+        """Register a request by its prompt tokens, or by a ``KeyChain`` the caller built
+        over them (``requests.prompt_chain``: not hashed again); ``salt`` isolates a tenant."""
         with self._lock:
             if request_id in self._requests:
                 raise ValueError(f"request {request_id!r} is already registered")
-            ns = self.namespace
-            if salt:
-                ns = Namespace(**{**vars(ns), "tenant_salt": salt})
-            chain = prompt_chain(request_id, prompt, self.layout, ns)
-            if chain.num_tokens == 0:
-                raise ValueError(f"request {request_id!r} has an empty prompt")
+            chain = prompt_chain(request_id, prompt, self.layout, self.namespace, salt)
             self._requests[request_id] = RequestState(
                 request_id, chain, chain.num_tokens, limits or RequestLimits()
             )
@@ -151,19 +139,21 @@ class Planner:
     def _decide(self, req: RequestState, on_device: int) -> Lookup:
         # every token known may have stored KV: a resumed request's output too
         ranges, hits = self._load_ranges, req.consumer_hits(self.layout)
-        candidates = candidate_hits(
-            self.layout, req.chain.num_tokens, on_device, req.limits.max_load_tokens, hits
-        )
+        candidates = lookup.candidate_hits(self.layout, req.chain.num_tokens, on_device,
+                                           req.limits.max_load_tokens, hits)
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
         loading = self._jobs.loading()
-        whole = ready_at(self.layout, req.chain, candidates[0], on_device, self.store.lookup,
-                         loading, ranges)
-        if whole is not None:  # the largest hit, all ready: nothing else to look up
-            return self._pin_hit(req, candidates[0], on_device, whole)
-        avail = assess(
-            self.layout, req.chain, candidates, on_device, self.store.lookup, loading, ranges
-        )
+        if self._states is not None:
+            avail = lookup.assess_at_once(self.layout, req.chain, candidates, on_device,
+                                          self._states, loading, ranges)
+        else:  # a store whose lookup promotes or probes: asked in the walk's order
+            whole = lookup.ready_at(self.layout, req.chain, candidates[0], on_device,
+                                    self.store.lookup, loading, ranges)
+            if whole is not None:  # the largest hit, all ready: nothing else to look up
+                return self._pin_hit(req, candidates[0], on_device, whole)
+            avail = lookup.assess(self.layout, req.chain, candidates, on_device,
+                                  self.store.lookup, loading, ranges)
         best = avail.best_ready
         if avail.best_soon > best:
             now = self.clock()
@@ -177,8 +167,8 @@ class Planner:
             best = avail.best_readable
         if best <= on_device:
             return Lookup(Outcome.MISS, on_device)
-        return self._pin_hit(req, best, on_device, hit_keys(self.layout, req.chain, best,
-                                                            on_device, ranges))
+        return self._pin_hit(req, best, on_device, lookup.hit_keys(self.layout, req.chain,
+                                                                   best, on_device, ranges))
 
     def _pin_hit(
         self, req: RequestState, b: int, on_device: int, keys: list[list[ChunkKey]]
@@ -190,7 +180,7 @@ class Planner:
         call, so a promotion for one group may have evicted a chunk another call found:
         the hit's chunks are then asked for together, and pinned if that brought them all
         back, else the lookup misses."""
-        chunks = hit_chunks(self.layout, b, on_device, self._load_ranges)
+        chunks = lookup.hit_chunks(self.layout, b, on_device, self._load_ranges)
         flat = [*itertools.chain.from_iterable(keys)]
         try:
             handle = self.store.prepare_load(flat)
@@ -285,7 +275,7 @@ class Planner:
         cap = req.store_cap(horizon)
         if cap <= req.stored_horizon:
             return
-        chunks = new_chunks(self.layout, req, cap, self._dense)
+        chunks = new_chunks(self.layout, req, cap, self._dense, self._served)
         req.stored_horizon = cap
         if not chunks:  # most decoding steps
             return
@@ -365,7 +355,8 @@ class Planner:
     def _close(self, request_id: str) -> None:
         with self._lock:
             req = self._request(request_id)
-            self.decline_hit(request_id)
+            if req.hit is not None:  # most requests end with none pinned
+                self.decline_hit(request_id)
             req.pending, req.closed = [], True
             self._maybe_forget(req)
 

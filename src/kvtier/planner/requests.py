@@ -77,20 +77,27 @@ class RequestState:
 
 
 def prompt_chain(
-    request_id: str, prompt: Iterable[int] | KeyChain, layout: Layout, ns: Namespace
+    request_id: str, prompt: Iterable[int] | KeyChain, layout: Layout, namespace: Namespace,
+    salt: str | None = None,
 ) -> KeyChain:
     """A request's chain: hashed from its prompt's tokens, or a fork of the caller's chain
     over them (``Planner.add_request``), whose keys must be this planner's: ``ValueError``
-    unless it was built for the same layout and namespace, tenant salt included."""
+    unless it was built for the same layout and namespace, ``salt`` as its tenant salt.
+    ``ValueError`` for an empty prompt."""
+    ns = Namespace(**{**vars(namespace), "tenant_salt": salt}) if salt else namespace
     if not isinstance(prompt, KeyChain):
-        return KeyChain(layout, ns, prompt)
-    if (prompt.layout is not layout and prompt.layout != layout) or prompt.namespace != ns:
+        chain = KeyChain(layout, ns, prompt)
+    elif (prompt.layout is not layout and prompt.layout != layout) or prompt.namespace != ns:
         raise ValueError(
             f"request {request_id!r}: its prompt KeyChain was built for another layout or "
             "namespace than this planner's; build it as KeyChain(planner.layout, "
             "planner.namespace, prompt), with the request's salt as tenant_salt, or pass "
             "the prompt's tokens")
-    return prompt.fork()
+    else:
+        chain = prompt.fork()
+    if chain.num_tokens == 0:
+        raise ValueError(f"request {request_id!r} has an empty prompt")
+    return chain
 
 
 def load_block_ids(

@@ -24,29 +24,29 @@ from kvtier.planner.requests import RequestState
 from kvtier.store.results import ChunkState
 
 
-def new_chunks(layout: Layout, req: RequestState, cap: int, dense: DenseChunks
-               ) -> list[tuple[int, int]]:
+def new_chunks(layout: Layout, req: RequestState, cap: int, dense: DenseChunks,
+               served: ServedChunks) -> list[tuple[int, int]]:
     """(group, chunk) pairs that become storable as the capped horizon reaches ``cap``;
-    records the boundaries the request now serves."""
+    records the boundaries the request now serves. ``dense`` and ``served``: the planner's
+    tables of ``coverage.store_delta`` and ``coverage.serve_delta`` as pairs."""
     mode = req.limits.boundaries
     old_n = len(coverage.admissible_boundaries(layout, req.stored_horizon))
     new_n = len(coverage.admissible_boundaries(layout, cap))
     passed = new_n > old_n
     if mode == "dense":  # store_delta of every group: the same for every request
         return dense.between(old_n, new_n) if passed else []
-    if not passed and not req.stored_horizon < req.store_cap(req.num_prompt) <= cap:
+    prompt_end = req.store_cap(req.num_prompt)
+    if not passed and not req.stored_horizon < prompt_end <= cap:
         return []  # no boundary nor the prompt's end passed (most decoding steps)
     last = req.served[-1] if req.served else 0
-    fresh = boundaries.newly_served(layout, mode, last, cap,
-                                    prompt_end=req.store_cap(req.num_prompt),
+    fresh = boundaries.newly_served(layout, mode, last, cap, prompt_end=prompt_end,
                                     num_prompt=req.num_prompt, shared=req.shared_point)
     out: list[tuple[int, int]] = []
     for gi, group in enumerate(layout.groups):
         if not boundaries.prunable(group, prune_chunked_local=req.limits.prune_chunked_local):
-            delta = coverage.store_delta(layout, gi, req.stored_horizon, cap)
+            out += dense.of_group(gi, old_n, new_n)  # store_delta(stored_horizon, cap)
         else:
-            delta = coverage.serve_delta(layout, gi, req.served, fresh)
-        out.extend((gi, c) for c in delta)
+            out += served.delta(gi, req.served, fresh)
     req.served.extend(fresh)
     return out
 
@@ -79,6 +79,19 @@ class DenseChunks:
                 out.extend(added[k])
         return out
 
+    def of_group(self, gi: int, old: int, new: int) -> list[tuple[int, int]]:
+        """``between`` of group ``gi`` alone: ``coverage.dense_delta(layout, gi, old, new)``
+        as pairs (``store_delta`` of any two horizons with ``old`` and ``new`` boundaries)."""
+        added = self._added[gi]
+        if len(added) < new:
+            self._fill(gi, added, new)
+        if new - old == 1:
+            return list(added[old])
+        out: list[tuple[int, int]] = []
+        for k in range(old, new):
+            out += added[k]
+        return out
+
     def _fill(self, gi: int, added: list[tuple[tuple[int, int], ...]], new: int) -> None:
         layout, start = self.layout, len(added)
         g = layout.hit_granularity
@@ -94,6 +107,38 @@ class DenseChunks:
             per[k].append((gi, c))
             last = k
         added.extend(tuple(p) for p in per)
+
+
+class ServedChunks:
+    """``coverage.serve_delta`` as (group, chunk) pairs, remembered for short served lists:
+    producers of prompts ending at the same boundary serve the same boundaries and add the
+    same chunks (``end`` and ``shared``, at the prompt's end), so most answers repeat.
+    Bounded: forgotten all at once when full; lists of served boundaries longer than
+    ``SHORT`` (a long answer's ends) are not remembered."""
+
+    LIMIT = 1 << 14
+    SHORT = 8
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self._known: dict[tuple[int, tuple[int, ...], tuple[int, ...]],
+                          tuple[tuple[int, int], ...]] = {}
+
+    def delta(self, gi: int, served: list[int], new: list[int]) -> tuple[tuple[int, int], ...]:
+        """``serve_delta(layout, gi, served, new)`` as pairs, in chunk order."""
+        if len(served) > self.SHORT:
+            return self._pairs(gi, served, new)
+        key = (gi, tuple(served), tuple(new))
+        found = self._known.get(key)
+        if found is None:
+            found = self._pairs(gi, served, new)
+            if len(self._known) >= self.LIMIT:
+                self._known.clear()
+            self._known[key] = found
+        return found
+
+    def _pairs(self, gi: int, served: list[int], new: list[int]) -> tuple[tuple[int, int], ...]:
+        return tuple((gi, c) for c in coverage.serve_delta(self.layout, gi, served, new))
 
 
 def shared_point(
