@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -111,3 +112,28 @@ def test_speculative_options():
     assert eagle.groups[-1].bytes_per_token == 4096
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         with_mtp(preset("gpt-oss-120b"), 0)
+
+
+def test_a_layout_unpickled_in_another_process_finds_its_equal_in_a_dict():
+    """Layout caches its hash; a pickle must not carry it to a process whose str hashes
+    differ (a replay's workers), or an equal layout there would miss every cache."""
+    import pickle
+    import subprocess
+    import sys
+
+    layout = Layout((Group("full", 16, num_layers=2),
+                     Group("sliding_window", 16, window=64, num_layers=2)), model="m")
+    hash(layout)  # cached here, under this process's seed
+    child = (
+        "import pickle, sys\n"
+        "from kvtier.layout import Group, Layout\n"
+        "loaded = pickle.loads(sys.stdin.buffer.read())\n"
+        "fresh = Layout((Group('full', 16, num_layers=2),"
+        " Group('sliding_window', 16, window=64, num_layers=2)), model='m')\n"
+        "print({fresh: 'found'}.get(loaded, 'missed'))\n"
+    )
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", child], input=pickle.dumps(layout),
+                             capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed},
+                             check=True)
+        assert out.stdout.decode().strip() == "found"

@@ -179,6 +179,19 @@ class Layout:
                 f"group's tokens_per_chunk {sizes} (their lcm is {lcm})"
             )
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once: every ``functools.lru_cache`` keyed by a layout
+        (``kvtier.coverage``) hashes it per call, and hashing the groups costs microseconds.
+        Kept out of pickles (``__getstate__``): ``str`` hashes differ between processes."""
+        known: int | None = self.__dict__.get("_hash")
+        if known is None:
+            known = hash((self.groups, self.hit_granularity, self.model, self.kv_dtype))
+            object.__setattr__(self, "_hash", known)
+        return known
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @functools.cached_property
     def max_lookahead(self) -> int:
         """The largest lookahead ``d`` of any group (0 without draft layers)."""
