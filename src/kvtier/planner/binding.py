@@ -52,8 +52,9 @@ class ChunkBinder:
         self._whole = [g.blocks_per_chunk if coverage.stores_whole_chunks(g) else 0
                        for g in layout.groups]
         self._needs_parent = [coverage.needs_predecessor(g) for g in layout.groups]
-        # (group, chunk) -> its LiveChunk over a table whose ids are block positions
-        self._identity: dict[tuple[int, int], LiveChunk] = {}
+        # per group, chunk -> its LiveChunk over a table whose ids are block positions (a
+        # list by chunk index: no tuple built and hashed per chunk)
+        self._identity: list[list[LiveChunk | None]] = [[] for _ in layout.groups]
         self._chunk_bytes = [g.bytes_per_chunk or 0 for g in layout.groups]  # a property
 
     def _run(self, gi: int, chunk: int) -> tuple[int, int, int]:
@@ -107,7 +108,8 @@ class ChunkBinder:
         lengths decide which chunks are held."""
         out, known = [], self._identity
         for gi, chunk in pending:
-            c = known.get((gi, chunk))
+            row = known[gi]
+            c = row[chunk] if chunk < len(row) else None
             if c is None:
                 c = self._identity_chunk(gi, chunk)
             if c.block_ids and c.block_ids[-1] >= lengths[gi]:
@@ -121,31 +123,54 @@ class ChunkBinder:
             first, num, rel = chunk * bpc, bpc, 0
         else:
             first, num, rel = self._runs.get((gi, chunk)) or self._run(gi, chunk)
-        c = self._identity[(gi, chunk)] = LiveChunk(gi, chunk, rel,
-                                                    tuple(range(first, first + num)))
+        c = LiveChunk(gi, chunk, rel, tuple(range(first, first + num)))
+        row = self._identity[gi]
+        if len(row) <= chunk:
+            row += [None] * (chunk + 1 - len(row))
+        row[chunk] = c
         return c
 
-    @staticmethod
-    def keys(req: RequestState, live: list[LiveChunk]) -> list[ChunkKey]:
-        """Keys of the chunks, hashed per group in one batch, in the given order."""
-        by_group: dict[int, list[int]] = {}
-        for c in live:
-            by_group.setdefault(c.group, []).append(c.chunk)
-        found = {gi: iter(req.chain.keys(gi, cs)) for gi, cs in by_group.items()}
-        return [next(found[c.group]) for c in live]
+    def keys_and_parents(self, req: RequestState, live: list[LiveChunk]
+                         ) -> tuple[list[ChunkKey], list[ChunkKey | None]]:
+        """Each chunk's key, and its eviction hint: its predecessor's key where a hit needs
+        both, else None. Hashed per run of one group's chunks in one batch: the planner's
+        chunks come group outermost, ascending, so a run is usually one slice of the
+        chain's keys and its parents the same slice one chunk back.
+        Example: chunks 3, 4, 5 of a full-attention group -> keys k3 k4 k5, parents k2 k3 k4."""
+        keys: list[ChunkKey] = []
+        parents: list[ChunkKey | None] = []
+        start, n = 0, len(live)
+        while start < n:
+            gi = live[start].group
+            end = start + 1
+            while end < n and live[end].group == gi:
+                end += 1
+            self._run_keys(req, gi, [c.chunk for c in live[start:end]], keys, parents)
+            start = end
+        return keys, parents
 
-    def parents(self, req: RequestState, live: list[LiveChunk]) -> list[ChunkKey | None]:
-        """The eviction hint: each chunk's predecessor, where a hit needs both (hashed per
-        group in one batch, as ``keys``)."""
-        needs = self._needs_parent
-        wanted = [c.chunk - 1 if c.chunk and needs[c.group] else -1 for c in live]
-        by_group: dict[int, list[int]] = {}
-        for c, p in zip(live, wanted, strict=True):
-            if p >= 0:
-                by_group.setdefault(c.group, []).append(p)
-        found = {gi: iter(req.chain.keys(gi, ps)) for gi, ps in by_group.items()}
-        return [next(found[c.group]) if p >= 0 else None
-                for c, p in zip(live, wanted, strict=True)]
+    def _run_keys(self, req: RequestState, gi: int, chunks: list[int], keys: list[ChunkKey],
+                  parents: list[ChunkKey | None]) -> None:
+        """``keys_and_parents`` of chunks of group ``gi``, appended to both lists."""
+        chain, low, high = req.chain, chunks[0], chunks[-1]
+        if high - low + 1 == len(chunks) and chunks == list(range(low, high + 1)):
+            own = chain.keys(gi, range(low, high + 1))  # one slice of the built keys
+            keys += own
+            if not self._needs_parent[gi]:
+                parents += [None] * len(own)
+            elif low:
+                parents += chain.keys(gi, range(low - 1, high))
+            else:
+                parents.append(None)
+                parents += own[:-1]
+            return
+        keys += chain.keys(gi, chunks)
+        if not self._needs_parent[gi]:
+            parents += [None] * len(chunks)
+            return
+        wanted = [c - 1 for c in chunks if c]
+        found = iter(chain.keys(gi, wanted) if wanted else [])
+        parents += [next(found) if c else None for c in chunks]
 
     @staticmethod
     def copies(handle: StoreHandle, keys: Sequence[ChunkKey], live: Sequence[LiveChunk]

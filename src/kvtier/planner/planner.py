@@ -291,8 +291,8 @@ class Planner:
         req.pending = []
         if not live:
             return None
-        keys = self._binder.keys(req, live)
-        handle = self.store.prepare_store(keys, self._binder.parents(req, live))
+        keys, parents = self._binder.keys_and_parents(req, live)
+        handle = self.store.prepare_store(keys, parents)
         if isinstance(handle, StoreRefusal):
             self._count(req, "store_refusals")
             if handle.retryable:
