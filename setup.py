@@ -24,6 +24,7 @@ COMPILED = [
     "src/kvtier/planner/lookup.py",
     "src/kvtier/planner/planner.py",
     "src/kvtier/planner/requests.py",
+    "src/kvtier/planner/serving.py",
     "src/kvtier/planner/types.py",
     "src/kvtier/replay/driver.py",
     "src/kvtier/replay/hits.py",

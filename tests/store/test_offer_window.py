@@ -70,6 +70,21 @@ def test_negative_control_a_window_one_offer_too_long_disagrees() -> None:
     assert wrong > 0
 
 
+def test_a_key_whose_offer_leaves_the_window_during_the_batch_is_declined() -> None:
+    """Window 4, admit at the second offer, after offers a b c d: offering ``b a``, a's
+    earlier offer leaves the window before a comes (b's pushes it out), so a is declined;
+    offering ``a b``, both are admitted (b's offer is still there when b comes)."""
+    a, b, c, d = (pool_key(i) for i in range(4))
+    window = OfferWindow(2, 4)
+    window.record([a, b, c, d])
+    assert window.split([b, a]) == ([b], [a])
+    assert window.split([a, b]) == ([a, b], [])
+    ref = Reference(2, 4)
+    ref.record([a, b, c, d])
+    assert ref.split([b, a]) == ([b], [a])  # the definition agrees
+    assert window.split([b, a]) != ([b, a], [])  # negative control: counts now, ignoring leaving
+
+
 def test_fingerprints_in_one_pass_equal_each_key_alone() -> None:
     for n in (0, 1, VECTOR_FROM - 1, VECTOR_FROM, 200):
         ks = [pool_key(i) for i in range(n)]

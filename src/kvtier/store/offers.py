@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from array import array
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import cast
 
@@ -120,19 +121,19 @@ class OfferWindow:
 
     def _split_fast(self, keys: Sequence[ChunkKey], fps: Sequence[int]
                     ) -> tuple[list[ChunkKey], list[ChunkKey]] | None:
-        """``split`` when no offer that leaves the window before a key is of a key offered
-        now (the usual case): each key's count is then its count now. None otherwise."""
+        """``split`` from the counts now, each key's count less its offers that leave the
+        window before it: found among the few offers that leave during this one. None
+        when the ring wraps within them (``_split_each`` then)."""
         counts, need, ring, window, pos = (self._counts, self.after - 1, self._ring,
                                            self.window, self._pos)
         n, full = len(fps), len(ring)
         # before key i, the oldest min(full, max(0, full - window + i)) offers have left
         leaving = min(full, max(0, full - window + n - 1))
         if leaving > window - pos:  # wraps around the ring's end
-            olds = set(ring[pos:]) | set(ring[: leaving - (window - pos)])
-        else:
-            olds = set(ring[pos : pos + leaving])
-        if leaving and not olds.isdisjoint(fps):
             return None
+        olds = ring[pos : pos + leaving]
+        if leaving and not set(olds).isdisjoint(fps):  # a key offered now leaves before it
+            return self._split_leaving(keys, fps, olds)
         if counts.keys().isdisjoint(fps):  # none offered before (a count is never 0)
             return [], list(keys)
         get = counts.get
@@ -140,6 +141,27 @@ class OfferWindow:
         if len(admitted) == n:
             return admitted, []
         declined = [k for k, fp in zip(keys, fps, strict=True) if get(fp, 0) < need]
+        return admitted, declined
+
+    def _split_leaving(self, keys: Sequence[ChunkKey], fps: Sequence[int], olds: array[int]
+                       ) -> tuple[list[ChunkKey], list[ChunkKey]]:
+        """``split`` when some keys offered now are among ``olds``, the offers that leave
+        the window during this one, oldest first: such a key's count drops by its offers
+        among those that left before it (``bisect`` over where its fingerprint is)."""
+        now = set(fps)
+        at: dict[int, list[int]] = {}  # fingerprint offered now -> its places in olds
+        for j, old in enumerate(olds):
+            if old in now:
+                at.setdefault(old, []).append(j)
+        get, need, lag = self._counts.get, self.after - 1, len(self._ring) - self.window
+        admitted: list[ChunkKey] = []
+        declined: list[ChunkKey] = []
+        for i, (k, fp) in enumerate(zip(keys, fps, strict=True)):
+            seen = get(fp, 0)
+            places = at.get(fp)
+            if places is not None:  # the offers of fp gone before key i
+                seen -= bisect_left(places, max(0, lag + i))
+            (admitted if seen >= need else declined).append(k)
         return admitted, declined
 
     def record(self, keys: Sequence[ChunkKey], fps: Sequence[int] | None = None) -> None:
