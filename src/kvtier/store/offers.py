@@ -136,11 +136,10 @@ class OfferWindow:
             return self._split_leaving(keys, fps, olds)
         if counts.keys().isdisjoint(fps):  # none offered before (a count is never 0)
             return [], list(keys)
-        get = counts.get
-        admitted = [k for k, fp in zip(keys, fps, strict=True) if get(fp, 0) >= need]
-        if len(admitted) == n:
-            return admitted, []
-        declined = [k for k, fp in zip(keys, fps, strict=True) if get(fp, 0) < need]
+        admitted: list[ChunkKey] = []
+        declined: list[ChunkKey] = []
+        for k, fp in zip(keys, fps, strict=True):  # one pass: a dict lookup per key
+            (admitted if counts.get(fp, 0) >= need else declined).append(k)
         return admitted, declined
 
     def _split_leaving(self, keys: Sequence[ChunkKey], fps: Sequence[int], olds: array[int]
