@@ -8,7 +8,7 @@ the store's) and ``end``. The same calls as ``kvtier.replay.driver.replay``, so 
 figures; prints one JSON line of seconds. Compare builds back to back, interleaved: a
 shared machine's speed drifts between runs.
 
-    python benchmarks/replay_steps.py --limit 3000
+    python scripts/replay_steps.py --limit 3000
 """
 
 from __future__ import annotations
