@@ -9,8 +9,7 @@ runs) and leaves the writing to the tier's own workers.
 
 >>> import tempfile
 >>> from kvtier.keys import ChunkKey
->>> from kvtier.tiers.build import lower_tiers
-from kvtier.tiers.config import TierConfig
+>>> from kvtier.tiers.config import TierConfig
 >>> from kvtier.tiers.host import HostSlab
 >>> slab, k = HostSlab(2, 64, pin_memory=False), ChunkKey(bytes(40))
 >>> with tempfile.TemporaryDirectory() as d:
@@ -36,6 +35,7 @@ from kvtier.integrations.vllm.tiers import rank_tiers
 from kvtier.keys import ChunkKey
 from kvtier.tiers.build import lower_tiers
 from kvtier.tiers.config import TierConfig
+from kvtier.tiers.disk.tier import DiskTier
 from kvtier.tiers.host import HostSlab
 from kvtier.tiers.lower import Item, LowerTier, Workers
 
@@ -71,12 +71,18 @@ class RankTiers:
         was found and verified (nothing is written then). A chunk from a slower tier is
         also written to the faster ones, so evicting it again writes nothing."""
         source = self._by_name[tier]
+        above = self.lower[: self.lower.index(source)]
+        if isinstance(source, DiskTier) and not above:
+            # read into the slots themselves: no buffer per record, no second copy (the
+            # slots are the promotion's alone until it reports; a failed one frees them)
+            got = source.get_into(list(keys), [memoryview(slab.view(s).data) for s in slots])
+            return len(got) == len(keys)
         got = source.get(list(keys))
         if len(got) != len(keys):
             return False
         for k, slot in zip(keys, slots, strict=True):
             slab.write(slot, got[k])
-        for t in self.lower[: self.lower.index(source)]:
+        for t in above:
             self._track(t.put_async([(k, got[k]) for k in keys]))
         return True
 

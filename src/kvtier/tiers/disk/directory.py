@@ -130,6 +130,29 @@ class ChunkDir:
     def read(self, name: str, limit: int) -> bytes:
         """Up to ``limit + 1`` bytes of regular file ``name`` (so that a file longer than
         ``limit`` shows as such); ``NotOurs`` for anything but a regular file."""
+        fd = self._open_regular(name)
+        try:
+            chunks, left = [], limit + 1
+            while left > 0 and (piece := os.read(fd, left)):
+                chunks.append(piece)
+                left -= len(piece)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def read_into(self, name: str, buffers: Sequence[memoryview]) -> int:
+        """Regular file ``name`` read into ``buffers`` in turn, as far as they reach (one
+        ``preadv`` for a whole file); the bytes read. ``NotOurs`` as ``read``."""
+        fd = self._open_regular(name)
+        try:
+            done, room = 0, sum(b.nbytes for b in buffers)
+            while done < room and (n := os.preadv(fd, _past(buffers, done), done)):
+                done += n
+            return done
+        finally:
+            os.close(fd)
+
+    def _open_regular(self, name: str) -> int:
         try:
             fd = os.open(name, _READ, dir_fd=self.fd)
         except OSError as e:
@@ -139,13 +162,10 @@ class ChunkDir:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise NotOurs(f"{name} is not a regular file")
-            chunks, left = [], limit + 1
-            while left > 0 and (piece := os.read(fd, left)):
-                chunks.append(piece)
-                left -= len(piece)
-            return b"".join(chunks)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd
 
     def create(self, name: str, buffers: Sequence[BytesLike], writer: Writer,
                fsync: bool) -> None:
@@ -272,3 +292,15 @@ def _open_chunks(path: Path, top: int) -> int:
             f"disk tier: {path / 'chunks'} is not a plain directory ({e.strerror}); a symlink "
             "there is refused, never followed: remove it or choose another path"
         ) from None
+
+
+def _past(buffers: Sequence[memoryview], skip: int) -> list[memoryview]:
+    """``buffers`` less their first ``skip`` bytes in all (a read that stopped short)."""
+    out = []
+    for b in buffers:
+        if skip >= b.nbytes:
+            skip -= b.nbytes
+            continue
+        out.append(b[skip:])
+        skip = 0
+    return out

@@ -52,7 +52,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvtier.keys import ChunkKey
@@ -63,7 +63,14 @@ from kvtier.store.results import EventKind, StoreEvent, StoreHandle, StoreRefusa
 from kvtier.tiers.disk.directory import ChunkDir, Entry, NotOurs, Writer
 from kvtier.tiers.host import slots_for_capacity
 from kvtier.tiers.lower import AsyncTwins, Demote, IndexEvents, Item, TierStats, Workers
-from kvtier.tiers.records.format import HEADER_BYTES, NotARecord, RecordError, decode, encode
+from kvtier.tiers.records.format import (
+    HEADER_BYTES,
+    NotARecord,
+    RecordError,
+    decode,
+    decode_parts,
+    encode,
+)
 from kvtier.tiers.records.seal import Seal
 
 _log = logging.getLogger(__name__)
@@ -128,6 +135,31 @@ class DiskTier(AsyncTwins, IndexEvents):
 
     def get(self, keys: Sequence[ChunkKey]) -> dict[ChunkKey, memoryview]:
         """The verified payloads of the held ``keys``; corrupt files are dropped."""
+        return self._read(keys, self._load)
+
+    def get_into(self, keys: Sequence[ChunkKey], views: Sequence[memoryview]
+                 ) -> dict[ChunkKey, memoryview]:
+        """``get``, each payload read straight into its entry of ``views`` (writable bytes,
+        at least ``slot_bytes`` each: the host slots a promotion fills), not into a buffer
+        of its own that the caller copies again; the payloads returned are views of
+        ``views``. A view whose key is not returned holds bytes that mean nothing. A sealed
+        tier (its payload is opened into new bytes) reads as ``get`` and copies."""
+        if len(views) != len(keys) or any(v.nbytes < self.slot_bytes for v in views):
+            raise ValueError(f"disk tier: get_into needs one view of at least {self.slot_bytes}"
+                             f" bytes per key ({len(keys)} keys, {len(views)} views)")
+        if self.seal is not None:
+            got = self.get(keys)
+            out = {}
+            for k, view in zip(keys, views, strict=True):
+                if k in got:
+                    out[k] = view[: got[k].nbytes]
+                    out[k][:] = got[k]
+            return out
+        into = dict(zip(keys, views, strict=True))
+        return self._read(keys, lambda name, key: self._load_into(name, key, into[key]))
+
+    def _read(self, keys: Sequence[ChunkKey], load: Callable[[str, ChunkKey], memoryview]
+              ) -> dict[ChunkKey, memoryview]:
         start = time.perf_counter()
         with self._index.lock:
             held = [k for k, s in zip(keys, self._index.lookup(keys), strict=True) if s.readable]
@@ -137,7 +169,7 @@ class DiskTier(AsyncTwins, IndexEvents):
         try:
             for k in held:
                 try:
-                    out[k] = self._load(k.hex(), k)
+                    out[k] = load(k.hex(), k)
                 except (NotARecord, NotOurs):
                     foreign.append(k)
                 except RecordError:
@@ -162,6 +194,17 @@ class DiskTier(AsyncTwins, IndexEvents):
         """The verified payload of file ``name`` (a length the header disagrees with, or one
         past the largest record, fails ``decode``)."""
         return decode(self._dir.read(name, self.record_bytes), key, self.geometry, self.seal)
+
+    def _load_into(self, name: str, key: ChunkKey, view: memoryview) -> memoryview:
+        """``_load`` with the payload read into ``view``: the header apart, then the body,
+        then one byte more, so that a file past the largest record shows as such (and,
+        like every record ``_load`` refuses, fails the same check of ``decode``)."""
+        head, body, over = bytearray(HEADER_BYTES), view[: self.slot_bytes], bytearray(1)
+        n = self._dir.read_into(name, [memoryview(head), body, memoryview(over)])
+        if n > HEADER_BYTES + self.slot_bytes:  # too long: checked on a copy, as _load does
+            return decode(bytes(head) + bytes(body) + bytes(over), key, self.geometry)
+        return decode_parts(memoryview(head)[:n], body[: max(0, n - HEADER_BYTES)], key,
+                            self.geometry)
 
     def _disown(self, keys: list[ChunkKey]) -> None:
         """Unindex ``keys`` whose file turned out not to be the tier's: left where it is."""

@@ -168,6 +168,18 @@ def decode(
     (a view, no copy, for plain and MAC records); ``RecordError`` naming the first check
     that failed otherwise (``NotARecord`` for bytes that are not a kvtier record)."""
     view = memoryview(record).cast("B")  # type: ignore[arg-type]
+    return decode_parts(view[:HEADER_BYTES], view[HEADER_BYTES:], key, geometry, seal)
+
+
+def decode_parts(
+    head: BytesLike, body: BytesLike, key: ChunkKey, geometry: bytes, seal: Seal | None = None
+) -> memoryview:
+    """``decode`` of a record read as two pieces, its first ``HEADER_BYTES`` bytes (fewer
+    when the record is shorter) and the rest: the same checks, in the same order, and the
+    payload a view of ``body`` for plain and MAC records (a body read straight into the
+    host slot it is promoted into is not copied again)."""
+    view = memoryview(head).cast("B")  # type: ignore[arg-type]
+    rest = memoryview(body).cast("B")  # type: ignore[arg-type]
     total = record_length(view)
     if claimed_key(view) is None:
         raise NotARecord("bad magic or header checksum (not a kvtier record, or torn)")
@@ -181,13 +193,11 @@ def decode(
         raise RecordError("record holds another key")
     if rgeo != _geometry(geometry):
         raise RecordError("record was written for another layout geometry")
-    if view.nbytes != total:
-        raise RecordError(
-            f"record is {view.nbytes} bytes, its header says {total} (truncated or padded)"
-        )
-    body = view[HEADER_BYTES:]
+    if view.nbytes + rest.nbytes != total:
+        raise RecordError(f"record is {view.nbytes + rest.nbytes} bytes, its header says "
+                          f"{total} (truncated or padded)")
     if seal is not None:
-        return seal.open(bytes(view[:HEADER_BYTES]), body)
-    if crc32(body) != crc:
+        return seal.open(bytes(view), rest)
+    if crc32(rest) != crc:
         raise RecordError("payload checksum mismatch (corrupted bytes)")
-    return body
+    return rest
