@@ -189,3 +189,78 @@ def test_cpu_is_one_this_thread_may_run_on() -> None:
         assert cpu in os.sched_getaffinity(0)
     else:
         assert cpu >= -1
+
+
+# ---- recv_values: Redis GET replies read into place ----------------------------------------
+
+HEAD = 8
+
+
+def _replies(values: list[bytes | str | None]) -> bytes:
+    """The wire bytes of GET replies: a value, a missing key, or (a str) an error."""
+    out = []
+    for v in values:
+        if v is None:
+            out.append(b"$-1\r\n")
+        elif isinstance(v, str):
+            out.append(b"-" + v.encode() + b"\r\n")
+        else:
+            out.append(b"$%d\r\n%s\r\n" % (len(v), v))
+    return b"".join(out)
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.binary(max_size=3000), st.just("ERR x")),
+                       min_size=1, max_size=6),
+       slot=st.integers(0, 2000), cuts=st.lists(st.integers(1, 4000), max_size=8))
+def test_recv_values_takes_values_that_fit_and_stops_before_anything_else(
+        values: list[bytes | str | None], slot: int, cuts: list[int]) -> None:
+    """The stream sent in pieces cut anywhere: each value that fits ``HEAD + slot`` bytes
+    lands in its view (head apart), a missing key is None, and the first error or value too
+    long stops the reading with that reply's bytes handed back whole."""
+    import socket
+    import threading
+
+    wire = _replies(values)
+    a, b = socket.socketpair()
+    pieces = [wire[i:j] for i, j in itertools.pairwise(
+        sorted({0, len(wire), *(c for c in cuts if c < len(wire))}))]
+    writer = threading.Thread(target=lambda: [a.sendall(p) for p in pieces])
+    writer.start()
+    views = [memoryview(bytearray(slot)) for _ in values]
+    try:
+        heads, bodies, rest = _native.recv_values(b.fileno(), 5.0, b"", views, HEAD)
+    finally:
+        writer.join()
+    stop = next((i for i, v in enumerate(values) if isinstance(v, str)
+                 or (isinstance(v, bytes) and len(v) > HEAD + slot)), len(values))
+    assert len(heads) == len(bodies) == stop
+    for i in range(stop):
+        v = values[i]
+        if v is None:
+            assert (heads[i], bodies[i]) == (None, -1)
+        else:
+            assert isinstance(v, bytes)
+            assert heads[i] == v[:HEAD] and bodies[i] == len(v) - len(heads[i])
+            assert bytes(views[i][: bodies[i]]) == v[HEAD:]
+    left = _replies(values[stop:])
+    if stop < len(values):  # what was read of the replies not taken, from their start
+        assert rest == left[: len(rest)] and len(rest) > 0
+    else:
+        assert rest == b""
+    a.close()
+    b.close()
+
+
+def test_recv_values_times_out_and_sees_a_closed_connection() -> None:
+    import socket
+
+    a, b = socket.socketpair()
+    a.sendall(b"$10\r\nabc")  # a value cut short, then silence
+    with pytest.raises(TimeoutError):
+        _native.recv_values(b.fileno(), 0.05, b"", [memoryview(bytearray(16))], HEAD)
+    a.sendall(b"$10\r\nabc")
+    a.close()  # then the connection ends
+    with pytest.raises(ConnectionError):
+        _native.recv_values(b.fileno(), 5.0, b"", [memoryview(bytearray(16))], HEAD)
+    b.close()

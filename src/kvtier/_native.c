@@ -55,6 +55,10 @@
  *                             not what one holds (the caller then reads the copies in Python,
  *                             which says what is wrong).
  *
+ *   recv_values(fd, timeout_s, pending, views, head)
+ *                             The replies of pipelined Redis GETs, each value received
+ *                             straight into its view with the GIL released (_native_resp.c).
+ *
  *   cpu()                     The CPU the calling thread runs on (sched_getcpu), or -1
  *                             where the system cannot say.
  *
@@ -239,12 +243,15 @@ static PyMethodDef methods[] = {
      "sha256_spine(state, data, filled, step) -> (digests, filled)."},
     {"prefixed", native_prefixed, METH_VARARGS,
      "prefixed(prefix, items) -> [prefix + item for item in items] (items: a list of bytes)."},
+    {"recv_values", native_recv_values, METH_VARARGS,
+     "recv_values(fd, timeout_s, pending, views, head) -> (heads, bodies, leftover): the "
+     "replies of pipelined GETs read into views with the GIL released (_native_resp.c)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kvtier._native",
-    "Batched byte copies and SHA-256 prefix digests (compiled build only).", -1, methods,
+    "Batched byte copies, SHA-256 prefix digests and Redis values read into place (compiled build only).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

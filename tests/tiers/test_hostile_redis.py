@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from tier_helpers import GEOMETRY, Clock, items, key, payload
+from tier_helpers import GEOMETRY, SLOT, Clock, items, key, payload
 
 from fake_resp import DATA, HANDSHAKE, SLOTS, FakeRedis, Hostile
 from kvtier.tiers.redis.tier import Backoff, RedisTier
@@ -38,6 +38,8 @@ HIDDEN = (SECRET, quote(SECRET, safe=""), "Hunter2Zq")
 Op = Callable[[RedisTier], object]
 OPS: dict[str, tuple[Op, Callable[[object], bool]]] = {
     "get": (lambda t: t.get([key("k")]), lambda r: r == {}),
+    "get_into": (lambda t: t.get_into([key("k")], [memoryview(bytearray(SLOT))]),
+                 lambda r: r == {}),
     "put": (lambda t: t.put(items(["k"])), lambda r: r == []),
     "exists": (lambda t: t.exists([key("k")]), lambda r: r in ([False], [True])),
 }

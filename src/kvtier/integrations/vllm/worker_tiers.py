@@ -38,6 +38,7 @@ from kvtier.tiers.config import TierConfig
 from kvtier.tiers.disk.tier import DiskTier
 from kvtier.tiers.host import HostSlab
 from kvtier.tiers.lower import Item, LowerTier, Workers
+from kvtier.tiers.redis.tier import RedisTier
 
 Copy = tuple[ChunkKey, int, int]
 """A chunk in the slab: its key, its slot, and its length in bytes."""
@@ -72,11 +73,17 @@ class RankTiers:
         also written to the faster ones, so evicting it again writes nothing."""
         source = self._by_name[tier]
         above = self.lower[: self.lower.index(source)]
-        if isinstance(source, DiskTier) and not above:
+        if isinstance(source, DiskTier | RedisTier):
             # read into the slots themselves: no buffer per record, no second copy (the
             # slots are the promotion's alone until it reports; a failed one frees them)
             got = source.get_into(list(keys), [memoryview(slab.view(s).data) for s in slots])
-            return len(got) == len(keys)
+            if len(got) != len(keys):
+                return False
+            if above:  # copied now: the slots are the store's again once this reports
+                items: list[Item] = [(k, bytes(got[k])) for k in keys]
+                for t in above:
+                    self._track(t.put_async(items))
+            return True
         got = source.get(list(keys))
         if len(got) != len(keys):
             return False

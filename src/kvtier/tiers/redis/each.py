@@ -35,7 +35,19 @@ from typing import Any
 
 from kvtier.tiers.redis.guard import parsed, remaining
 
-Reply = bytes | int | None | Exception
+
+@dataclass(frozen=True)
+class Landed:
+    """A value a reader put where it was asked to (``kvtier.tiers.redis.into``), not into
+    a bytes object: its first ``len(head)`` bytes, then ``body`` bytes in the view given for
+    its name; ``fits`` False for a value too long for that view (read past, kept nowhere)."""
+
+    head: bytes
+    body: int
+    fits: bool = True
+
+
+Reply = bytes | int | str | None | Exception | Landed
 """One command's reply for one name: a value, None (no such key), or an error."""
 
 Failed = Callable[[str, BaseException], None]
@@ -55,6 +67,12 @@ class Each:
         ask: list[tuple[str, ...]] = [("ASKING",)] if asking else []
         commands = [c for i in indexes for c in (*ask, (self.command, self.names[i]))]
         return list(conn.pack_commands(commands))
+
+    def read_all(self, conn: Any, indexes: Sequence[int], refused: type[Exception],
+                 asking: bool) -> list[Reply]:
+        """The replies on ``conn`` of the commands for ``indexes``, in order
+        (``next_reply``)."""
+        return [next_reply(conn, refused, asking) for _ in indexes]
 
 
 @dataclass
@@ -101,7 +119,7 @@ def run_each(
             _close(share, failed, e)
             continue
         sent.append(share)
-    _receive(sent, faults, timeout_s, failed)
+    _receive(sent, each, faults, timeout_s, failed)
     for share in sent:
         if share.conn is not None:
             share.pool.release(share.conn)
@@ -121,7 +139,9 @@ def _connect(
         failed(share.node, e)
 
 
-def _receive(shares: list[_Share], faults: Faults, timeout_s: float, failed: Failed) -> None:
+def _receive(
+    shares: list[_Share], each: Each, faults: Faults, timeout_s: float, failed: Failed
+) -> None:
     """Read every share's replies as its socket becomes readable, until the call's deadline
     (``timeout_s``: for the message) at most; one node's replies, once started, are read to
     the end or to the deadline, whichever comes first."""
@@ -131,7 +151,7 @@ def _receive(shares: list[_Share], faults: Faults, timeout_s: float, failed: Fai
         for share in shares:
             sock = getattr(share.conn, "_sock", None)  # redis-py's socket, once connected
             if sock is None:  # not a socket this redis-py exposes: read it in turn
-                _read_all(share, faults, failed)
+                _read_all(share, each, faults, failed)
             else:
                 sel.register(sock, selectors.EVENT_READ, share)
                 waiting[id(share)] = share
@@ -141,17 +161,16 @@ def _receive(shares: list[_Share], faults: Faults, timeout_s: float, failed: Fai
                 break
             for selected, _ in ready:
                 sel.unregister(selected.fileobj)
-                _read_all(selected.data, faults, failed)
+                _read_all(selected.data, each, faults, failed)
                 waiting.pop(id(selected.data))
     for share in waiting.values():
         _close(share, failed, TimeoutError(f"no reply within timeout_s ({timeout_s:g} s)"))
 
 
-def _read_all(share: _Share, faults: Faults, failed: Failed) -> None:
+def _read_all(share: _Share, each: Each, faults: Faults, failed: Failed) -> None:
     """All of ``share``'s replies (an ``ASKING`` reply before each, dropped)."""
     try:
-        share.got.extend(next_reply(share.conn, faults.reply, share.asking)
-                         for _ in share.indexes)
+        share.got.extend(each.read_all(share.conn, share.indexes, faults.reply, share.asking))
     except faults.node as e:
         _close(share, failed, e)
 

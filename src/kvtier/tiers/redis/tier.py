@@ -41,11 +41,12 @@ from typing import Any, TypeGuard
 from kvtier.keys import ChunkKey
 from kvtier.tiers.config import check_number
 from kvtier.tiers.lower import AsyncTwins, Demote, Item, TierStats, Workers
-from kvtier.tiers.records.format import RecordError, decode, encode_pair
+from kvtier.tiers.records.format import RecordError, decode, decode_parts, encode_pair
 from kvtier.tiers.records.seal import Seal
 from kvtier.tiers.redis.conn import Backoff, Nodes, Reply, Unreached
-from kvtier.tiers.redis.each import Each, checkout, next_reply
+from kvtier.tiers.redis.each import Each, Landed, checkout, next_reply
 from kvtier.tiers.redis.guard import UnusableReply, bound_connection
+from kvtier.tiers.redis.into import GetInto
 from kvtier.tiers.redis.links import ClusterLink, Link, ServerLink, redis_module
 from kvtier.tiers.redis.options import (
     DEFAULT_URL,
@@ -145,6 +146,37 @@ class RedisTier(AsyncTwins):
         )
         return out
 
+    def get_into(self, keys: Sequence[ChunkKey], views: Sequence[memoryview]
+                 ) -> dict[ChunkKey, memoryview]:
+        """``get``, each value read off the socket straight into its entry of ``views``
+        (writable bytes, the host slots a promotion fills; ``kvtier.tiers.redis.into``), not
+        into a bytes object the caller copies again; the payloads returned are views of
+        ``views``. A view whose key is not returned holds bytes that mean nothing; a value
+        longer than its view's record is no record of this layout (corrupt). A sealed tier
+        (its payload is opened into new bytes) reads as ``get`` and copies."""
+        if len(views) != len(keys):
+            raise ValueError(f"redis tier: get_into needs one view per key ({len(keys)} keys,"
+                             f" {len(views)} views)")
+        if self.seal is not None or not keys:
+            return _copied(self.get(keys), keys, views)
+        start = time.perf_counter()
+        names = [self._name(k) for k in keys]
+        values = _as("GET", (Landed, bytes, type(None)),
+                     self._nodes.call(names, GetInto("GET", names, views)))
+        if _none_reached(values):
+            self.stats.add(misses=len(keys))
+            return {}
+        out, corrupt = self._verify(keys, values, views)
+        self._refused([v for v in values if _refusal(v) and not _wrong_type(v)])
+        if corrupt:
+            self.remove(corrupt)
+        self.stats.add(
+            hits=len(out), misses=len(keys) - len(out) - len(corrupt), corrupt=len(corrupt),
+            bytes_read=sum(v.nbytes for v in out.values()), reads=1,
+            read_seconds=time.perf_counter() - start,
+        )
+        return out
+
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
         """Whether the server holds each key, in one round trip per node that reads no
         payload (not verified: a corrupt copy exists until a ``get`` drops it). False for
@@ -157,21 +189,34 @@ class RedisTier(AsyncTwins):
         return [isinstance(n, int) and n > 0 for n in replies]
 
     def _verify(
-        self, keys: Sequence[ChunkKey], values: list[Reply]
+        self, keys: Sequence[ChunkKey], values: list[Reply],
+        views: Sequence[memoryview] | None = None,
     ) -> tuple[dict[ChunkKey, memoryview], list[ChunkKey]]:
         """The payloads of ``values`` that are ``keys``' records, and the keys whose value is
-        not (another Redis type, or bytes that fail verification)."""
+        not (another Redis type, or bytes that fail verification); a value ``Landed`` in its
+        entry of ``views`` is verified there (a bytes value is copied there once verified)."""
         out: dict[ChunkKey, memoryview] = {}
         corrupt: list[ChunkKey] = []
-        for k, raw in zip(keys, values, strict=True):
+        for i, (k, raw) in enumerate(zip(keys, values, strict=True)):
             if isinstance(raw, Exception):
                 if _wrong_type(raw):
                     corrupt.append(k)
-            elif isinstance(raw, bytes):
-                try:
-                    out[k] = decode(raw, k, self.geometry, self.seal)
-                except RecordError:
-                    corrupt.append(k)
+                continue
+            try:
+                if isinstance(raw, Landed) and views is not None:
+                    if not raw.fits:
+                        raise RecordError("value longer than a record of this layout")
+                    out[k] = decode_parts(raw.head, views[i][: raw.body], k, self.geometry)
+                elif isinstance(raw, bytes):
+                    payload = decode(raw, k, self.geometry, self.seal)
+                    if views is not None:
+                        if payload.nbytes > views[i].nbytes:
+                            raise RecordError("value longer than a record of this layout")
+                        views[i][: payload.nbytes] = payload
+                        payload = views[i][: payload.nbytes]
+                    out[k] = payload
+            except RecordError:
+                corrupt.append(k)
         return out, corrupt
 
     # ---- writes ------------------------------------------------------------------------
@@ -244,6 +289,17 @@ def _address(
     urls = check_cluster_nodes(cluster_nodes, "redis tier: cluster_nodes", **where)
     return ((lambda: ClusterLink(urls, options)), "cluster " + ", ".join(map(redact, urls)),
             secrets_of(urls, login["password"]))
+
+
+def _copied(got: dict[ChunkKey, memoryview], keys: Sequence[ChunkKey],
+            views: Sequence[memoryview]) -> dict[ChunkKey, memoryview]:
+    """``got``'s payloads copied into their keys' ``views``: what ``get_into`` returns."""
+    out = {}
+    for k, view in zip(keys, views, strict=True):
+        if k in got:
+            out[k] = view[: got[k].nbytes]
+            out[k][:] = got[k]
+    return out
 
 
 def _none_reached(replies: Sequence[Reply]) -> bool:
