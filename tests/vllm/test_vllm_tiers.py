@@ -139,6 +139,10 @@ def test_redis_hit_and_server_killed(tmp_path: Path) -> None:
         # promoting; the load runs in the step that schedules the request
         assert (hit, waited) == (96, 2)
         assert sim.check_restored("consumer", 96) == []
+        # the lookup's probes (its last chunk first, then the rest) make one promotion,
+        # one read of the server instead of one after the other
+        promotions = [p for meta in sim.plans for p in meta.plan.promotes]
+        assert [(p.tier, len(p.keys)) for p in promotions] == [("redis", 3)]
         run(sim)
         sim.scheduler.connector.scheduler.clear_cache()
         sim.reset_device_cache()

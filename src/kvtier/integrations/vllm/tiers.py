@@ -229,14 +229,15 @@ class TieredHost:
             return
         self._probes = [(ks, f) for ks, f in self._probes if not f.done()]
         until = self._clock() + self._miss_ttl_s
+        hits: list[ChunkKey] = []
         for keys, future in done:
             self._probing.difference_update(keys)
             found = [False] * len(keys) if future.exception() else future.result()
-            hits = [k for k, f in zip(keys, found, strict=True) if f]
+            hits += [k for k, f in zip(keys, found, strict=True) if f]
             self._absent_until.update((k, until) for k, f in zip(keys, found, strict=True)
                                       if not f)
-            if hits:
-                self._promote(hits, "redis", [])
+        if hits:  # one promotion for every probe done (a lookup's last chunk and the rest)
+            self._promote(hits, "redis", [])
 
     def _promote(self, keys: list[ChunkKey], tier: str, held: list[ChunkKey]) -> None:
         """Reserve host slots for ``keys`` (``held``, the lookup's chunks in host memory,
