@@ -156,6 +156,7 @@ class TieredHost:
         self._probe = Workers("probe", 1)
         self._probes: list[tuple[list[ChunkKey], Future[list[bool]]]] = []
         self._probing: set[ChunkKey] = set()
+        self._found: list[ChunkKey] = []  # probed, held below, promoted with the next plan
         self._absent_until: dict[ChunkKey, float] = {}
         self._promoting: dict[int, _Promoting] = {}
         self._planned: list[Promotion] = []
@@ -222,22 +223,27 @@ class TieredHost:
             found = [f and bool(a) for f, a in zip(found, answers, strict=True)]
         return found
 
-    def _take_probes(self) -> None:
-        """Fold in the Redis probes that finished: promote what every rank holds."""
+    def _take_probes(self, promote: bool = False) -> None:
+        """Fold in the Redis probes that finished: what no rank holds is absent; what every
+        rank holds is promoted when ``promote`` (the step's plan is being made), in one
+        promotion for every probe since the last plan (a lookup's last chunk and the rest:
+        one read instead of two in turn), and reported WRITING until then."""
         done = [(ks, f) for ks, f in self._probes if f.done()]
-        if not done:
-            return
-        self._probes = [(ks, f) for ks, f in self._probes if not f.done()]
-        until = self._clock() + self._miss_ttl_s
-        hits: list[ChunkKey] = []
-        for keys, future in done:
-            self._probing.difference_update(keys)
-            found = [False] * len(keys) if future.exception() else future.result()
-            hits += [k for k, f in zip(keys, found, strict=True) if f]
-            self._absent_until.update((k, until) for k, f in zip(keys, found, strict=True)
-                                      if not f)
-        if hits:  # one promotion for every probe done (a lookup's last chunk and the rest)
-            self._promote(hits, "redis", [])
+        if done:
+            self._probes = [(ks, f) for ks, f in self._probes if not f.done()]
+            until = self._clock() + self._miss_ttl_s
+            for keys, future in done:
+                found = [False] * len(keys) if future.exception() else future.result()
+                for k, f in zip(keys, found, strict=True):
+                    if f:
+                        self._found.append(k)
+                    else:
+                        self._probing.discard(k)
+                        self._absent_until[k] = until
+        if promote and self._found:
+            found, self._found = self._found, []
+            self._probing.difference_update(found)
+            self._promote(found, "redis", [])
 
     def _promote(self, keys: list[ChunkKey], tier: str, held: list[ChunkKey]) -> None:
         """Reserve host slots for ``keys`` (``held``, the lookup's chunks in host memory,
@@ -259,7 +265,7 @@ class TieredHost:
         """This step's promotions and demotions; ``stores``, the step's store jobs, are
         remembered (write-back) so that their chunks are written down when evicted."""
         with self.lock:
-            self._take_probes()
+            self._take_probes(promote=True)
             if self.write_back:
                 self._groups.update((c.key, c.group) for job in stores for c in job.copies)
             plan = tuple(self._planned), tuple(self._demotions)

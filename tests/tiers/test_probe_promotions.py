@@ -1,0 +1,49 @@
+"""The scheduler's side of promotions from Redis (``integrations.vllm.tiers.TieredHost``,
+no vLLM needed): the chunks a step's lookups find on the server are promoted in one job,
+one read of the server, however the probes that found them were split and whenever each
+finished."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tier_helpers import GEOMETRY, SLOT, RedisServer, items, key
+
+from kvtier.integrations.vllm.tiers import scheduler_tiers
+from kvtier.store.manager import ChunkStore
+from kvtier.store.results import ChunkState
+from kvtier.tiers.config import TierConfig
+from kvtier.tiers.redis.tier import RedisTier
+
+pytestmark = pytest.mark.redis
+
+
+def test_a_steps_probes_make_one_promotion(redis_server: RedisServer, tmp_path: Path) -> None:
+    names = ["c0", "c1", "c2"]
+    below = RedisTier(redis_server.url, namespace="kvtier:rank0", geometry=GEOMETRY)
+    assert below.put(items(names)) == [key(n) for n in names]
+    below.close()
+    config = TierConfig.from_dict({"host": {"capacity": 8 * SLOT},
+                                   "redis": {"url": redis_server.url}})
+    wrap = scheduler_tiers(config, 1, SLOT, GEOMETRY)
+    assert wrap is not None
+    tiers = wrap(ChunkStore(8))
+    try:
+        # a lookup asks for the prompt's last chunk first; its probe finishes before the
+        # lookup asks for the rest (the second lookup folds it in)
+        assert tiers.lookup([key("c2")]) == [ChunkState.WRITING]
+        tiers.settle()
+        assert tiers.lookup([key("c0"), key("c1")]) == [ChunkState.WRITING] * 2
+        tiers.settle()
+        promotions, _ = tiers.take_plan([])
+        assert [(p.tier, set(p.keys)) for p in promotions] == [
+            ("redis", {key("c2"), key("c0"), key("c1")})]
+        assert tiers.lookup([key(n) for n in names]) == [ChunkState.WRITING] * 3
+        # a chunk the server lacks is absent once its probe is folded in, not promoted
+        assert tiers.lookup([key("gone")]) == [ChunkState.WRITING]
+        tiers.settle()
+        assert tiers.lookup([key("gone")]) == [ChunkState.ABSENT]
+        assert tiers.take_plan([]) == ((), ())
+    finally:
+        tiers.close()
