@@ -126,7 +126,9 @@ class KeyChain:
         self._built: list[list[ChunkKey]] = [[] for _ in layout.groups]
         self._spine: list[bytes] = []
         self._hash, self._pad = start.hash.copy(), start.pad
-        self._state = None if start.state is None else bytearray(start.state)
+        # the C loop's state when kvtier._native is there now (a test takes it away)
+        self._state = (bytearray(start.state) if start.state is not None and _native is not None
+                       else None)
         self.extend(tokens)
 
     @property
