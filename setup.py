@@ -19,6 +19,7 @@ COMPILED = [
     "src/kvtier/boundaries.py",
     "src/kvtier/coverage.py",
     "src/kvtier/integrations/vllm/scheduler.py",
+    "src/kvtier/keys.py",
     "src/kvtier/planner/binding.py",
     "src/kvtier/planner/jobs.py",
     "src/kvtier/planner/lookup.py",

@@ -61,6 +61,7 @@ def test_unknown_attribute_is_an_attribute_error():
 
 
 @pytest.mark.parametrize("module", ["kvtier.coverage", "kvtier.retention", "kvtier.keys",
+                                    "kvtier.namespace",
                                     "kvtier.layout"])
 def test_the_contract_loads_nothing_above_it(module):
     loaded = _loaded_after(f"import {module}")
@@ -153,7 +154,8 @@ ROOMS_BELOW = {
     "kvtier.tiers": {"kvtier.tiers", "kvtier.store"},
     "kvtier.planner": {"kvtier.planner", "kvtier.store", "kvtier.tiers"},
 }
-CONTRACT = {"kvtier", "kvtier.layout", "kvtier.keys", "kvtier.coverage", "kvtier.retention",
+CONTRACT = {"kvtier", "kvtier.layout", "kvtier.keys", "kvtier.namespace", "kvtier.coverage",
+            "kvtier.retention",
             "kvtier.boundaries",
             "kvtier.buildinfo", "kvtier.presets", "kvtier.layoutfile"}
 

@@ -16,49 +16,48 @@ separate keys even when a caller's namespace omits them. The digest
 is sha256 (default; hardware-accelerated on current x86 and ARM CPUs) or blake2b: both are
 cryptographic, so a party that shares the cache cannot forge a key that collides with
 another prefix.
+
+Compiled in the serving build (setup.py's ``COMPILED``); ``Namespace`` and its digests live
+in ``kvtier.namespace``, interpreted (that module says why).
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
-import hashlib
 import math
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, NewType, cast
+from collections.abc import Iterable
+from typing import Any, NewType, cast
 
 import numpy as np
 
-from kvtier.layout import LAYOUT_VERSION, Group, Layout
+from kvtier.layout import Group, Layout
+from kvtier.namespace import (  # re-exported: kvtier.keys is where callers import them from
+    DIGEST_SIZE,
+    TAG_SIZE,
+    HashName,
+    Namespace,
+    _hasher,
+    _xxh3_hasher,
+)
 
 try:  # the compiled build's C loop for the sha256 spine (setup.py, NATIVE); same digests
     from kvtier import _native
 except ImportError:  # the pure build
     _native = None  # type: ignore[assignment]
 
+__all__ = ["DIGEST_SIZE", "MAX_TOKEN_ID", "TAG_SIZE", "ChunkKey", "HashName", "KeyChain",
+           "Namespace"]
+
 ChunkKey = NewType("ChunkKey", bytes)
 """The identity of one stored chunk: an 8-byte group tag and a 32-byte prefix digest."""
 
-HashName = Literal["blake2b", "sha256", "xxh3"]
-DIGEST_SIZE = 32
-TAG_SIZE = 8
 MAX_TOKEN_ID = 2**32 - 1
 _SMALL = 4096  # segments shorter than this absorb the next append
 
 assert array("I").itemsize == 4, "kvtier keys need a 4-byte unsigned int array type"
-
-
-def _hasher(name: HashName) -> Callable[[bytes], Any]:
-    if name == "blake2b":
-        return functools.partial(hashlib.blake2b, digest_size=DIGEST_SIZE)
-    if name == "sha256":
-        return hashlib.sha256
-    if name == "xxh3":
-        return _xxh3_hasher()
-    raise ValueError(f"hash must be 'blake2b', 'sha256' or 'xxh3', got {name!r}")
 
 
 def _running(name: HashName, seed: bytes) -> tuple[Any, bytes]:
@@ -72,130 +71,28 @@ def _running(name: HashName, seed: bytes) -> tuple[Any, bytes]:
     return xxhash.xxh3_128(seed), bytes(DIGEST_SIZE - 16)
 
 
-def _xxh3_hasher() -> Callable[[bytes], Any]:
-    """xxh3-128, opt-in and NOT cryptographic: only where no untrusted party shares the
-    cache (DESIGN section 4). About 2x faster than sha256 for a long prompt's keys. Its
-    16-byte digest is padded to the 32 bytes every key carries."""
-    try:
-        import xxhash
-    except ImportError:
-        raise ValueError(
-            "hash 'xxh3' needs the xxhash package: pip install 'kvtier[fast]'"
-        ) from None
-    pad = bytes(DIGEST_SIZE - 16)
+class _Start:
+    """What every chain of one namespace and layout starts from, computed once: the unit,
+    the group tags, whether token bytes are kept (draft groups), the digest constructor,
+    and the running hash seeded with the namespace (copied, never fed)."""
 
-    class Xxh3:
-        __slots__ = ("_h",)
-
-        def __init__(self, data: bytes = b"") -> None:
-            self._h = xxhash.xxh3_128(data)
-
-        def update(self, data: Any) -> None:
-            self._h.update(data)
-
-        def digest(self) -> bytes:
-            return bytes(self._h.digest()) + pad
-
-    return Xxh3
-
-
-@dataclass(frozen=True)
-class Namespace:
-    """Everything that must match for two processes to share a chunk's bytes."""
-
-    model: str
-    """Model identity, e.g. ``meta-llama/Llama-3.1-8B``."""
-    revision: str = ""
-    """Model revision (weights version); different revisions never share KV."""
-    kv_dtype: str = "bfloat16"
-    """KV-cache dtype."""
-    parallel: str = "tp1"
-    """Parallel layout of the KV cache (tensor/pipeline parallel rank and size)."""
-    tenant_salt: str = ""
-    """Optional per-tenant salt: tenants with different salts never share a hit."""
-    hash_name: HashName = "sha256"
-    """Digest used for the chain: ``sha256`` or ``blake2b`` (cryptographic), or the opt-in,
-    faster, non-cryptographic ``xxh3`` (needs the ``fast`` extra) for a cache no untrusted
-    party shares."""
-    layout_version: int = LAYOUT_VERSION
-    """kvtier's layout version."""
-    layout_fields: Literal["all", "group"] = "all"
-    """What of the layout a group tag hashes: ``all`` (default), its whole fingerprint
-    (``Layout.fingerprint``), so two layouts whose chunks differ never share a key;
-    ``group``, only the group's own geometry with the model and KV dtype, as kvtier did
-    before: the trace replay keeps it so that its figures stay comparable with earlier
-    runs. Never share a tier between deployments under ``group``."""
-
-    def __post_init__(self) -> None:
-        _hasher(self.hash_name)
-        for name in ("model", "revision", "kv_dtype", "parallel", "tenant_salt"):
-            if not isinstance(getattr(self, name), str):
-                raise ValueError(f"namespace: {name} must be a string")
-        if not self.model:
-            raise ValueError("namespace: model must name the model (e.g. its Hugging Face id)")
-        if self.layout_fields not in ("all", "group"):
-            raise ValueError(f"namespace: layout_fields must be 'all' or 'group', got "
-                             f"{self.layout_fields!r}")
-
-    def seed(self) -> bytes:
-        """The chain's starting digest: a hash of every field."""
-        fields = (
-            self.model, self.revision, self.kv_dtype, self.parallel,
-            self.tenant_salt, self.hash_name, str(self.layout_version),
-        )
-        return _hasher(self.hash_name)(_encode_fields(("kvtier-ns", *fields))).digest()
-
-    def group_tag(self, layout: Layout, group_index: int) -> bytes:
-        """8 bytes naming one group of one layout within this namespace.
-
-        The whole layout's fingerprint (``Layout.fingerprint``: model, KV dtype, every
-        group's name, sizes, layers and shape) is hashed in, whatever this namespace says:
-        a caller who leaves the namespace at its defaults still never shares a key between
-        two layouts whose chunks differ, so two deployments never read, nor delete as
-        corrupt, each other's chunks. ``extra_retained`` is left out on purpose: it changes
-        what the engine keeps, not the bytes of a chunk, so producers and consumers with
-        different ``E`` share chunks.
-        """
-        if self.layout_fields == "all":
-            fields = (*layout.fingerprint, str(group_index))
-        else:
-            fields = _group_fields(layout, group_index)
-        digest = _hasher(self.hash_name)(_encode_fields(fields) + self.seed()).digest()
-        return digest[:TAG_SIZE]
-
-
-def _group_fields(layout: Layout, group_index: int) -> tuple[str, ...]:
-    """What ``layout_fields="group"`` hashes: the group's geometry, the model and KV dtype."""
-    g = layout.groups[group_index]
-    return (layout.model, layout.kv_dtype,
-            str(group_index), g.kind, str(g.tokens_per_block), str(g.blocks_per_chunk),
-            str(g.window), str(g.chunk), str(g.lookahead), str(g.bytes_per_token),
-            str(g.bytes_per_state))
+    def __init__(self, namespace: Namespace, layout: Layout) -> None:
+        self.unit = math.gcd(*(g.tokens_per_chunk for g in layout.groups))
+        self.tags = tuple(namespace.group_tag(layout, i) for i in range(len(layout.groups)))
+        self.keep = any(g.lookahead for g in layout.groups)
+        self.new = _hasher(namespace.hash_name)
+        seed = namespace.seed()
+        self.hash, self.pad = _running(namespace.hash_name, seed)
+        # sha256 in the compiled build: the running state as bytes, fed by one C call per
+        # extend instead of one hashlib call per unit (keys identical either way)
+        self.state = (_native.sha256_start(seed)
+                      if _native is not None and namespace.hash_name == "sha256" else None)
 
 
 @functools.lru_cache(maxsize=1024)
-def _seed(namespace: Namespace) -> bytes:
-    """``namespace.seed()``, once per namespace (every request of a tenant shares it)."""
-    return namespace.seed()
-
-
-@functools.lru_cache(maxsize=1024)
-def _group_tags(namespace: Namespace, layout: Layout) -> tuple[bytes, ...]:
-    """Every group's ``group_tag``, once per namespace and layout."""
-    return tuple(namespace.group_tag(layout, i) for i in range(len(layout.groups)))
-
-
-def _encode_fields(fields: Sequence[str]) -> bytes:
-    """Length-prefixed encoding, so that ('ab', 'c') and ('a', 'bc') differ."""
-    out = bytearray()
-    for f in fields:
-        raw = f.encode()
-        out += len(raw).to_bytes(4, "little") + raw
-    return bytes(out)
-
-
-def _gcd_unit(layout: Layout) -> int:
-    return math.gcd(*(g.tokens_per_chunk for g in layout.groups))
+def _start(namespace: Namespace, layout: Layout) -> _Start:
+    """``_Start``, once per namespace and layout (every request of a tenant shares it)."""
+    return _Start(namespace, layout)
 
 
 class KeyChain:
@@ -214,12 +111,13 @@ class KeyChain:
     def __init__(self, layout: Layout, namespace: Namespace, tokens: Iterable[int] = ()) -> None:
         self.layout = layout
         self.namespace = namespace
-        self._unit = _gcd_unit(layout)
-        self._new = _hasher(namespace.hash_name)
-        self._tags = _group_tags(namespace, layout)
+        start = _start(namespace, layout)
+        self._unit = start.unit
+        self._new = start.new
+        self._tags = start.tags
         # The tokens, little-endian uint32, as appended: only draft groups' keys read them
         # again (their lookahead tails), so a layout without any keeps none.
-        self._keep = any(g.lookahead for g in layout.groups)
+        self._keep = start.keep
         self._segments: list[bytes] = []
         self._offsets: list[int] = []  # byte offset of each segment
         self._num_bytes = 0
@@ -227,11 +125,10 @@ class KeyChain:
         self._drafts: dict[tuple[int, int], ChunkKey] = {}  # draft groups' keys, once hashed
         self._built: list[list[ChunkKey]] = [[] for _ in layout.groups]
         self._spine: list[bytes] = []
-        self._hash, self._pad = _running(namespace.hash_name, _seed(namespace))
-        # sha256 in the compiled build: the running state as bytes, fed by one C call per
-        # extend instead of one hashlib call per unit (keys identical either way)
-        self._state = (_native.sha256_start(_seed(namespace))
-                       if _native is not None and namespace.hash_name == "sha256" else None)
+        self._hash, self._pad = start.hash.copy(), start.pad
+        # the C loop's state when kvtier._native is there now (a test takes it away)
+        self._state = (bytearray(start.state) if start.state is not None and _native is not None
+                       else None)
         self.extend(tokens)
 
     @property
@@ -242,9 +139,11 @@ class KeyChain:
         """An independent copy: the same tokens and keys so far, extended apart from this
         chain from now on, with nothing hashed again (a prompt's chain forked to extend
         over its answer, the prompt's own kept for the planner)."""
-        twin = KeyChain.__new__(KeyChain)  # copy.copy, without its generic protocol (5x)
-        twin.__dict__.update(self.__dict__)  # then a copy of what changes as it extends
+        # a fresh chain (a compiled class has no __new__ that skips __init__), then a
+        # copy of what changes as it extends
+        twin = KeyChain(self.layout, self.namespace)
         twin._segments, twin._offsets = self._segments.copy(), self._offsets.copy()
+        twin._num_bytes, twin._filled = self._num_bytes, self._filled
         twin._drafts = dict(self._drafts)
         twin._built = [built.copy() for built in self._built]
         twin._spine = self._spine.copy()
