@@ -241,9 +241,9 @@ class TieredHost:
                         self._probing.discard(k)
                         self._absent_until[k] = until
         if promote and self._found:
-            found, self._found = self._found, []
-            self._probing.difference_update(found)
-            self._promote(found, "redis", [])
+            held_below, self._found = self._found, []
+            self._probing.difference_update(held_below)
+            self._promote(held_below, "redis", [])
 
     def _promote(self, keys: list[ChunkKey], tier: str, held: list[ChunkKey]) -> None:
         """Reserve host slots for ``keys`` (``held``, the lookup's chunks in host memory,
