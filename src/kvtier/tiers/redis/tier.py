@@ -46,7 +46,7 @@ from kvtier.tiers.records.seal import Seal
 from kvtier.tiers.redis.conn import Backoff, Nodes, Reply, Unreached
 from kvtier.tiers.redis.each import Each, Landed, checkout, next_reply
 from kvtier.tiers.redis.guard import UnusableReply, bound_connection
-from kvtier.tiers.redis.into import GetInto
+from kvtier.tiers.redis.into import GetInto, copied_into
 from kvtier.tiers.redis.links import ClusterLink, Link, ServerLink, redis_module
 from kvtier.tiers.redis.options import (
     DEFAULT_URL,
@@ -158,7 +158,7 @@ class RedisTier(AsyncTwins):
             raise ValueError(f"redis tier: get_into needs one view per key ({len(keys)} keys,"
                              f" {len(views)} views)")
         if self.seal is not None or not keys:
-            return _copied(self.get(keys), keys, views)
+            return copied_into(self.get(keys), keys, views)
         start = time.perf_counter()
         names = [self._name(k) for k in keys]
         values = _as("GET", (Landed, bytes, type(None)),
@@ -289,17 +289,6 @@ def _address(
     urls = check_cluster_nodes(cluster_nodes, "redis tier: cluster_nodes", **where)
     return ((lambda: ClusterLink(urls, options)), "cluster " + ", ".join(map(redact, urls)),
             secrets_of(urls, login["password"]))
-
-
-def _copied(got: dict[ChunkKey, memoryview], keys: Sequence[ChunkKey],
-            views: Sequence[memoryview]) -> dict[ChunkKey, memoryview]:
-    """``got``'s payloads copied into their keys' ``views``: what ``get_into`` returns."""
-    out = {}
-    for k, view in zip(keys, views, strict=True):
-        if k in got:
-            out[k] = view[: got[k].nbytes]
-            out[k][:] = got[k]
-    return out
 
 
 def _none_reached(replies: Sequence[Reply]) -> bool:
