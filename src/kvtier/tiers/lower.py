@@ -113,6 +113,18 @@ class TierStats:
         return out
 
 
+def copied_into(got: dict[ChunkKey, memoryview], keys: Sequence[ChunkKey],
+                views: Sequence[memoryview]) -> dict[ChunkKey, memoryview]:
+    """``got``'s payloads copied into their keys' ``views``: a sealed tier's ``get_into``
+    (its payloads are opened into new bytes, so they are copied anyway)."""
+    out = {}
+    for k, view in zip(keys, views, strict=True):
+        if k in got:
+            out[k] = view[: got[k].nbytes]
+            out[k][:] = got[k]
+    return out
+
+
 def _ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else 0.0
 

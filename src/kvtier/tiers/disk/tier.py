@@ -62,7 +62,15 @@ from kvtier.store.policies import Policy
 from kvtier.store.results import EventKind, StoreEvent, StoreHandle, StoreRefusal, checked_keys
 from kvtier.tiers.disk.directory import ChunkDir, Entry, NotOurs, Writer
 from kvtier.tiers.host import slots_for_capacity
-from kvtier.tiers.lower import AsyncTwins, Demote, IndexEvents, Item, TierStats, Workers
+from kvtier.tiers.lower import (
+    AsyncTwins,
+    Demote,
+    IndexEvents,
+    Item,
+    TierStats,
+    Workers,
+    copied_into,
+)
 from kvtier.tiers.records.format import (
     HEADER_BYTES,
     NotARecord,
@@ -148,13 +156,7 @@ class DiskTier(AsyncTwins, IndexEvents):
             raise ValueError(f"disk tier: get_into needs one view of at least {self.slot_bytes}"
                              f" bytes per key ({len(keys)} keys, {len(views)} views)")
         if self.seal is not None:
-            got = self.get(keys)
-            out = {}
-            for k, view in zip(keys, views, strict=True):
-                if k in got:
-                    out[k] = view[: got[k].nbytes]
-                    out[k][:] = got[k]
-            return out
+            return copied_into(self.get(keys), keys, views)
         into = dict(zip(keys, views, strict=True))
         return self._read(keys, lambda name, key: self._load_into(name, key, into[key]))
 

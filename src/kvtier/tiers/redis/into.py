@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.keys import ChunkKey
 from kvtier.tiers.records.format import HEADER_BYTES
 from kvtier.tiers.redis.each import Each, Landed, Reply
 from kvtier.tiers.redis.guard import UnusableReply, parsed, remaining
@@ -74,18 +73,6 @@ class GetInto(Each):
         if wire.left:
             raise UnusableReply(f"the server sent {wire.left} bytes past its replies")
         return got
-
-
-def copied_into(got: dict[ChunkKey, memoryview], keys: Sequence[ChunkKey],
-                views: Sequence[memoryview]) -> dict[ChunkKey, memoryview]:
-    """``got``'s payloads copied into their keys' ``views`` (a sealed tier's ``get_into``:
-    its payloads are opened into new bytes, so they are copied anyway)."""
-    out = {}
-    for k, view in zip(keys, views, strict=True):
-        if k in got:
-            out[k] = view[: got[k].nbytes]
-            out[k][:] = got[k]
-    return out
 
 
 class _Wire:

@@ -40,13 +40,13 @@ from typing import Any, TypeGuard
 
 from kvtier.keys import ChunkKey
 from kvtier.tiers.config import check_number
-from kvtier.tiers.lower import AsyncTwins, Demote, Item, TierStats, Workers
+from kvtier.tiers.lower import AsyncTwins, Demote, Item, TierStats, Workers, copied_into
 from kvtier.tiers.records.format import RecordError, decode, decode_parts, encode_pair
 from kvtier.tiers.records.seal import Seal
 from kvtier.tiers.redis.conn import Backoff, Nodes, Reply, Unreached
 from kvtier.tiers.redis.each import Each, Landed, checkout, next_reply
 from kvtier.tiers.redis.guard import UnusableReply, bound_connection
-from kvtier.tiers.redis.into import GetInto, copied_into
+from kvtier.tiers.redis.into import GetInto
 from kvtier.tiers.redis.links import ClusterLink, Link, ServerLink, redis_module
 from kvtier.tiers.redis.options import (
     DEFAULT_URL,
@@ -129,22 +129,8 @@ class RedisTier(AsyncTwins):
         that is not this key's record, of any Redis type) are deleted."""
         if not keys:
             return {}
-        start = time.perf_counter()
         names = [self._name(k) for k in keys]
-        values = _as("GET", (bytes, type(None)), self._nodes.call(names, Each("GET", names)))
-        if _none_reached(values):
-            self.stats.add(misses=len(keys))
-            return {}
-        out, corrupt = self._verify(keys, values)
-        self._refused([v for v in values if _refusal(v) and not _wrong_type(v)])
-        if corrupt:
-            self.remove(corrupt)
-        self.stats.add(
-            hits=len(out), misses=len(keys) - len(out) - len(corrupt), corrupt=len(corrupt),
-            bytes_read=sum(v.nbytes for v in out.values()), reads=1,
-            read_seconds=time.perf_counter() - start,
-        )
-        return out
+        return self._read(keys, Each("GET", names), None)
 
     def get_into(self, keys: Sequence[ChunkKey], views: Sequence[memoryview]
                  ) -> dict[ChunkKey, memoryview]:
@@ -159,10 +145,15 @@ class RedisTier(AsyncTwins):
                              f" {len(views)} views)")
         if self.seal is not None or not keys:
             return copied_into(self.get(keys), keys, views)
-        start = time.perf_counter()
         names = [self._name(k) for k in keys]
-        values = _as("GET", (Landed, bytes, type(None)),
-                     self._nodes.call(names, GetInto("GET", names, views)))
+        return self._read(keys, GetInto("GET", names, views), views)
+
+    def _read(self, keys: Sequence[ChunkKey], command: Each,
+              views: Sequence[memoryview] | None) -> dict[ChunkKey, memoryview]:
+        """``command``'s GETs of ``keys``, verified (in ``views`` where it read into them),
+        corrupt values deleted, the call counted."""
+        start = time.perf_counter()
+        values = _as("GET", (Landed, bytes, type(None)), self._nodes.call(command.names, command))
         if _none_reached(values):
             self.stats.add(misses=len(keys))
             return {}
