@@ -229,7 +229,8 @@ def test_recv_values_takes_values_that_fit_and_stops_before_anything_else(
     writer.start()
     views = [memoryview(bytearray(slot)) for _ in values]
     try:
-        heads, bodies, rest = _native.recv_values(b.fileno(), 5.0, b"", views, HEAD)
+        heads, bodies, rest = _native.recv_values(b.fileno(), 5.0, b"", views, HEAD,
+                                                   [b""] * len(views))
     finally:
         writer.join()
     stop = next((i for i, v in enumerate(values) if isinstance(v, str)
@@ -258,9 +259,82 @@ def test_recv_values_times_out_and_sees_a_closed_connection() -> None:
     a, b = socket.socketpair()
     a.sendall(b"$10\r\nabc")  # a value cut short, then silence
     with pytest.raises(TimeoutError):
-        _native.recv_values(b.fileno(), 0.05, b"", [memoryview(bytearray(16))], HEAD)
+        _native.recv_values(b.fileno(), 0.05, b"", [memoryview(bytearray(16))], HEAD, [b""])
     a.sendall(b"$10\r\nabc")
     a.close()  # then the connection ends
     with pytest.raises(ConnectionError):
-        _native.recv_values(b.fileno(), 5.0, b"", [memoryview(bytearray(16))], HEAD)
+        _native.recv_values(b.fileno(), 5.0, b"", [memoryview(bytearray(16))], HEAD, [b""])
+    b.close()
+
+
+def test_recv_values_writes_each_send_once_its_reply_starts() -> None:
+    """``sends[i]`` goes out after reply ``i``'s line and before its value is read: a peer
+    that withholds each value until it has read that reply's send gets every one, in order,
+    and nothing for the reply the reader stops at (the Python reader's to send)."""
+    import socket
+    import threading
+
+    values: list[bytes | str | None] = [b"v" * 3000, None, b"w" * 40, "ERR stop"]
+    sends = [b"GET 2\r\n", b"", b"GET 3\r\nGET 4\r\n", b"never"]
+    a, b = socket.socketpair()
+    a.settimeout(5.0)
+    heard: list[bytes] = []
+
+    def peer() -> None:
+        for v, send in zip(values, sends[:3], strict=False):
+            reply = _replies([v])
+            line = reply.index(b"\r\n") + 2
+            a.sendall(reply[:line])
+            got = b""
+            while len(got) < len(send):
+                got += a.recv(len(send) - len(got))
+            heard.append(got)
+            a.sendall(reply[line:])
+        a.sendall(_replies(values[3:]))
+
+    writer = threading.Thread(target=peer)
+    writer.start()
+    views = [memoryview(bytearray(4096)) for _ in values]
+    try:
+        heads, bodies, rest = _native.recv_values(b.fileno(), 5.0, b"", views, HEAD, sends)
+    finally:
+        writer.join()
+    assert heard == sends[:3]
+    assert len(heads) == 3 and bodies[1] == -1 and rest == b"-ERR stop\r\n"
+    assert bytes(views[0][: bodies[0]]) == b"v" * (3000 - HEAD)
+    a.setblocking(False)
+    with pytest.raises(BlockingIOError):  # nothing was sent for the reply not taken
+        a.recv(16)
+    with pytest.raises(ValueError, match="one send per view"):
+        _native.recv_values(b.fileno(), 5.0, b"", views, HEAD, [])
+    a.close()
+    b.close()
+
+
+def test_recv_values_hands_back_a_too_long_value_from_its_line_read_in_pieces() -> None:
+    """A value too long for its view, its length line arriving in two pieces after the
+    reader's buffer held a reply before it: the reply is handed back from its first byte."""
+    import socket
+    import threading
+
+    first, long = _replies([b"x" * 10]), _replies([b"y" * 3000])
+    a, b = socket.socketpair()
+    a.settimeout(5.0)
+
+    def peer() -> None:
+        a.sendall(first + long[:3])
+        assert a.recv(2) == b"go"  # sent once the first reply started: the reader waits on
+        a.sendall(long[3:])
+
+    writer = threading.Thread(target=peer)
+    writer.start()
+    views = [memoryview(bytearray(100)) for _ in range(2)]
+    try:
+        heads, bodies, rest = _native.recv_values(b.fileno(), 5.0, b"", views, HEAD,
+                                                  [b"go", b""])
+    finally:
+        writer.join()
+    assert len(heads) == 1 and bodies == [10 - HEAD]
+    assert long.startswith(rest) and rest.startswith(b"$3000\r\n")
+    a.close()
     b.close()

@@ -55,9 +55,10 @@
  *                             not what one holds (the caller then reads the copies in Python,
  *                             which says what is wrong).
  *
- *   recv_values(fd, timeout_s, pending, views, head)
+ *   recv_values(fd, timeout_s, pending, views, head, sends)
  *                             The replies of pipelined Redis GETs, each value received
- *                             straight into its view with the GIL released (_native_resp.c).
+ *                             straight into its view with the GIL released, sends[i] written
+ *                             once reply i is taken (_native_resp.c).
  *
  *   cpu()                     The CPU the calling thread runs on (sched_getcpu), or -1
  *                             where the system cannot say.
@@ -244,8 +245,9 @@ static PyMethodDef methods[] = {
     {"prefixed", native_prefixed, METH_VARARGS,
      "prefixed(prefix, items) -> [prefix + item for item in items] (items: a list of bytes)."},
     {"recv_values", native_recv_values, METH_VARARGS,
-     "recv_values(fd, timeout_s, pending, views, head) -> (heads, bodies, leftover): the "
-     "replies of pipelined GETs read into views with the GIL released (_native_resp.c)."},
+     "recv_values(fd, timeout_s, pending, views, head, sends) -> (heads, bodies, leftover): "
+     "the replies of pipelined GETs read into views with the GIL released, sends[i] written "
+     "once reply i is taken (_native_resp.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,4 @@
-/* kvtier._native's Redis value reader: recv_values(fd, timeout_s, pending, views, head)
+/* kvtier._native's Redis value reader: recv_values(fd, timeout_s, pending, views, head, sends)
  * (kvtier.tiers.redis.into says why and how the tier uses it).
  *
  * Reads the replies of pipelined GETs off a connected socket, reply i into views[i], with
@@ -12,6 +12,9 @@
  * `$-1\r\n` (no such key) is taken as None. At the first reply of any other kind (an error,
  * an integer, a value too long for its view, a length that does not parse) reading stops
  * before it, and its bytes are handed back unread, for the Python reader.
+ *
+ * `sends[i]` (bytes, often empty) is written to the socket once reply i is taken, before its
+ * value is read: the GETs the caller paces out as their replies arrive.
  *
  * Returns (heads, bodies, leftover): for each reply taken, its head (None for a missing
  * key) and how many bytes went into its view (-1 for a missing key), and the bytes read
@@ -37,6 +40,7 @@ typedef struct {
     int err;
     char *buf;
     size_t pos, len;
+    size_t line; /* where the last length line read starts in buf (have() moves bytes) */
 } Wire;
 
 static double
@@ -47,7 +51,30 @@ now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* One recv of at most `n` bytes into `dst`, waiting (poll) until the deadline for some. */
+/* After a socket call that failed with errno: wait (poll for `events`) until the deadline,
+ * OK to try again, or why not. */
+static int
+wait_for(Wire *w, short events)
+{
+    if (errno == EINTR)
+        return OK;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        w->err = errno;
+        return FAILED;
+    }
+    double left = w->deadline - now_s();
+    if (left <= 0)
+        return LATE;
+    struct pollfd p = {w->fd, events, 0};
+    int ms = left > 3600.0 ? 3600000 : (int)(left * 1000.0) + 1;
+    if (poll(&p, 1, ms) < 0 && errno != EINTR) {
+        w->err = errno;
+        return FAILED;
+    }
+    return OK;
+}
+
+/* One recv of at most `n` bytes into `dst`, waiting until the deadline for some. */
 static Py_ssize_t
 recv_some(Wire *w, char *dst, size_t n)
 {
@@ -57,22 +84,32 @@ recv_some(Wire *w, char *dst, size_t n)
             return got;
         if (got == 0)
             return CLOSED;
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-            w->err = errno;
-            return FAILED;
-        }
-        double left = w->deadline - now_s();
-        if (left <= 0)
-            return LATE;
-        struct pollfd p = {w->fd, POLLIN, 0};
-        int ms = left > 3600.0 ? 3600000 : (int)(left * 1000.0) + 1;
-        if (poll(&p, 1, ms) < 0 && errno != EINTR) {
-            w->err = errno;
-            return FAILED;
-        }
+        int rc = wait_for(w, POLLIN);
+        if (rc != OK)
+            return rc;
     }
+}
+
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0 /* Python ignores SIGPIPE: a closed peer is EPIPE either way */
+#endif
+
+/* All `n` bytes of `src` written, waiting until the deadline for room. */
+static int
+send_all(Wire *w, const char *src, size_t n)
+{
+    while (n > 0) {
+        ssize_t put = send(w->fd, src, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (put > 0) {
+            src += put;
+            n -= (size_t)put;
+            continue;
+        }
+        int rc = wait_for(w, POLLOUT);
+        if (rc != OK)
+            return rc;
+    }
+    return OK;
 }
 
 /* At least `n` unread bytes in the buffer (n <= LINE_CAP). */
@@ -128,6 +165,7 @@ found:
         }
         *n = v;
     }
+    w->line = w->pos;
     w->pos = end + 2;
     return OK;
 }
@@ -169,30 +207,36 @@ native_recv_values(PyObject *self, PyObject *args)
     int fd, head;
     double timeout_s;
     Py_buffer pending;
-    PyObject *views;
-    if (!PyArg_ParseTuple(args, "idy*O!i:recv_values", &fd, &timeout_s, &pending,
-                          &PyList_Type, &views, &head))
+    PyObject *views, *sends;
+    if (!PyArg_ParseTuple(args, "idy*O!iO!:recv_values", &fd, &timeout_s, &pending,
+                          &PyList_Type, &views, &head, &PyList_Type, &sends))
         return NULL;
     Py_ssize_t count = PyList_GET_SIZE(views);
     PyObject *result = NULL;
     Py_buffer *bufs = PyMem_Calloc((size_t)count + 1, sizeof(Py_buffer));
+    Py_buffer *outs = PyMem_Calloc((size_t)count + 1, sizeof(Py_buffer));
     long long *bodies = PyMem_Calloc((size_t)count + 1, sizeof(long long));
     long long *hlens = PyMem_Calloc((size_t)count + 1, sizeof(long long));
     char *heads = PyMem_Malloc((size_t)(count + 1) * (size_t)(head > 0 ? head : 1));
-    Wire w = {fd, now_s() + timeout_s, 0, PyMem_Malloc(LINE_CAP), 0, 0};
-    Py_ssize_t got = 0;
-    if (bufs == NULL || bodies == NULL || hlens == NULL || heads == NULL || w.buf == NULL) {
+    Wire w = {fd, now_s() + timeout_s, 0, PyMem_Malloc(LINE_CAP), 0, 0, 0};
+    Py_ssize_t got = 0, outs_got = 0;
+    if (bufs == NULL || outs == NULL || bodies == NULL || hlens == NULL || heads == NULL
+        || w.buf == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    if (head < 0 || pending.len > LINE_CAP) {
-        PyErr_SetString(PyExc_ValueError, "recv_values: head < 0 or pending too long");
+    if (head < 0 || pending.len > LINE_CAP || PyList_GET_SIZE(sends) != count) {
+        PyErr_SetString(PyExc_ValueError,
+                        "recv_values: head < 0, pending too long, or not one send per view");
         goto done;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         if (PyObject_GetBuffer(PyList_GET_ITEM(views, i), &bufs[got], PyBUF_WRITABLE) < 0)
             goto done;
         got++;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(sends, i), &outs[outs_got], PyBUF_SIMPLE) < 0)
+            goto done;
+        outs_got++;
     }
     memcpy(w.buf, pending.buf, (size_t)pending.len);
     w.len = (size_t)pending.len;
@@ -201,19 +245,21 @@ native_recv_values(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     for (; taken < count; taken++) {
         long long n;
-        size_t start = w.pos;
         rc = length_line(&w, &n);
+        if (rc != OK)
+            break;
+        size_t h = n < 0 ? 0 : n < head ? (size_t)n : (size_t)head;
+        if (n >= 0 && (unsigned long long)n - h > (unsigned long long)bufs[taken].len) {
+            w.pos = w.line; /* too long for its view: the Python reader reads past it */
+            rc = STOP;
+            break;
+        }
+        rc = send_all(&w, outs[taken].buf, (size_t)outs[taken].len);
         if (rc != OK)
             break;
         if (n == -1) {
             hlens[taken] = bodies[taken] = -1;
             continue;
-        }
-        size_t h = n < head ? (size_t)n : (size_t)head;
-        if ((unsigned long long)n - h > (unsigned long long)bufs[taken].len) {
-            w.pos = start; /* too long for its view: the Python reader reads past it */
-            rc = STOP;
-            break;
         }
         rc = take(&w, heads + (size_t)taken * (size_t)head, h);
         if (rc == OK)
@@ -258,8 +304,11 @@ native_recv_values(PyObject *self, PyObject *args)
 done:
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&bufs[i]);
+    for (Py_ssize_t i = 0; i < outs_got; i++)
+        PyBuffer_Release(&outs[i]);
     PyBuffer_Release(&pending);
     PyMem_Free(bufs);
+    PyMem_Free(outs);
     PyMem_Free(bodies);
     PyMem_Free(hlens);
     PyMem_Free(heads);

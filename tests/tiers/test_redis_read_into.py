@@ -5,8 +5,11 @@ server and on a cluster, for values that fit the first read and values of a mega
 
 from __future__ import annotations
 
+import socket
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import numpy as np
@@ -167,3 +170,66 @@ def test_a_missing_key_and_a_server_down_are_misses(redis_server: RedisServer) -
     assert tier.get_into([key("a")], views[:1]) == {}
     assert tier.stats.errors == 1 and not tier.healthy
     tier.close()
+
+
+# ---- pacing: a megabyte asked for ahead, not the whole promotion at once -------------------
+
+
+@contextmanager
+def _relay(server: RedisServer) -> Iterator[tuple[str, list[int]]]:
+    """A TCP relay in front of ``server``: its URL, and, for each piece of reply bytes
+    relayed back, how many ``GET``s had been relayed to the server before it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    gets = [0]
+    marks: list[int] = []
+
+    def pump(src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if requests:
+                    gets[0] += data.count(b"\r\nGET\r\n")
+                else:
+                    marks.append(gets[0])
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", server.port))
+            for args in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=pump, args=args, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0", marks
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize(("size", "asked_first"), [(SIZES["1 MiB + 3"], 1), (4096, 6)],
+                         ids=["1 MiB + 3", "4 KiB"])
+def test_a_promotion_asks_for_about_a_megabyte_ahead_of_what_it_reads(
+    redis_server: RedisServer, size: int, asked_first: int
+) -> None:
+    """Values of a megabyte are asked for one ahead of the reply being read (the server
+    copies the next while the last is on the wire), small ones all at once; the same
+    payloads arrive either way."""
+    writer = _tier(redis_server, "paced")
+    assert len(writer.put([(key(n), payload(n, size)) for n in NAMES])) == len(NAMES)
+    writer.close()
+    with _relay(redis_server) as (url, marks):
+        tier = RedisTier(url, namespace="paced", geometry=GEOMETRY)
+        assert tier.exists([key("a")]) == [True]  # connected: the handshake's replies
+        marks.clear()
+        slots = np.zeros((len(NAMES), size), dtype=np.uint8)
+        got = tier.get_into([key(n) for n in NAMES], [memoryview(r.data) for r in slots])
+        tier.close()
+    assert {k: bytes(v) for k, v in got.items()} == {key(n): payload(n, size) for n in NAMES}
+    assert marks[0] == asked_first  # GETs the server had when its first reply came back

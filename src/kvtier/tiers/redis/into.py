@@ -7,6 +7,14 @@ and an allocation of a megabyte per chunk, most of a promotion's time from a loc
 reply's length line and the record's header into a small buffer, the rest of the value with
 ``recv_into`` into the view given for its name, then the closing ``\\r\\n``.
 
+The ``GET``s are paced, not all written at once: a server builds the reply of every command
+it has read before it writes the first (Redis copies each value into its reply buffers), so a
+promotion of fifteen megabytes asked for at once waits for fifteen megabytes to be copied,
+into memory fresh from the server's allocator, before its first byte arrives. ``GetInto``
+writes ``GET``s for about ``AHEAD_BYTES`` of values, then, as each reply starts to arrive,
+enough more to keep that much asked for ahead of it: the server copies the next value while
+the last one is on the wire, into memory the one before freed.
+
 Why nothing else can be on the socket: a connection comes from its pool only with nothing to
 read (redis-py checks ``can_read`` when it hands one out), the commands are this call's, and
 their replies are read to their last byte, so the pool gets the connection back as it would
@@ -45,6 +53,12 @@ LINE_BYTES = 8192
 value's first few KiB; the rest goes straight into the slot."""
 MAX_LINE = 64 * 1024
 """The longest reply line taken (a Redis error or length line is tens of bytes)."""
+AHEAD_BYTES = 1 << 20
+"""Bytes of values a promotion keeps asked for ahead of the reply it is reading (at least
+one ``GET``; topped up when less than half is left). Measured from a local server, 15 values
+of a megabyte: 6.9 ms paced a megabyte ahead, 9.5 ms asked for at once, and inside vLLM's
+CPU engine 12 ms against 19. A megabyte is more than a datacenter link carries in a round
+trip, so a remote server is not left idle between two values."""
 MAX_VALUE = 512 << 20
 """The longest value a Redis server stores (``proto-max-bulk-len``'s default); a longer
 announced length is no reply of a server."""
@@ -58,21 +72,46 @@ class GetInto(Each):
 
     views: Sequence[memoryview] = ()
 
+    def pack(self, conn: Any, indexes: Sequence[int], asking: bool) -> list[bytes]:
+        if asking or getattr(conn, "_sock", None) is None:  # all at once (``ASK`` is rare)
+            return super().pack(conn, indexes, asking)
+        return [self._paced(conn, indexes)[0]]
+
     def read_all(self, conn: Any, indexes: Sequence[int], refused: type[Exception],
                  asking: bool) -> list[Reply]:
         sock = getattr(conn, "_sock", None)
         if sock is None:
             return super().read_all(conn, indexes, refused, asking)
         wire = _Wire(sock)
+        sends = [b""] * len(indexes) if asking else self._paced(conn, indexes)[1]
         with parsed():
-            got = [] if asking else wire.values([self.views[i] for i in indexes])
-            for i in indexes[len(got):]:
+            got = [] if asking else wire.values([self.views[i] for i in indexes], sends)
+            for n, i in enumerate(indexes[len(got):], start=len(got)):
                 first = wire.reply(None) if asking else None
-                reply = wire.reply(self.views[i])
+                reply = wire.reply(self.views[i], sends[n])
                 got.append(first if isinstance(first, Exception) else reply)
         if wire.left:
             raise UnusableReply(f"the server sent {wire.left} bytes past its replies")
         return got
+
+    def _paced(self, conn: Any, indexes: Sequence[int]) -> tuple[bytes, list[bytes]]:
+        """The ``GET``s for ``indexes`` as ``pack`` writes them first, and for each reply
+        those written once its line is read (module docstring; each view's size stands
+        for its value's)."""
+        gets = [b"".join(conn.pack_command("GET", self.names[i])) for i in indexes]
+        sizes = [self.views[i].nbytes for i in indexes]
+        sent, ahead = 1, sizes[0]
+        while sent < len(gets) and ahead + sizes[sent] <= AHEAD_BYTES:
+            ahead, sent = ahead + sizes[sent], sent + 1
+        first, sends = b"".join(gets[:sent]), []
+        for n in range(len(gets)):
+            ahead -= sizes[n]  # reply n arriving: what is asked for past it
+            start = sent
+            if sent == n + 1 or 2 * ahead < AHEAD_BYTES:
+                while sent < len(gets) and (sent == n + 1 or ahead + sizes[sent] <= AHEAD_BYTES):
+                    ahead, sent = ahead + sizes[sent], sent + 1
+            sends.append(b"".join(gets[start:sent]))
+        return first, sends
 
 
 class _Wire:
@@ -90,23 +129,28 @@ class _Wire:
     def left(self) -> int:
         return len(self.buf) - self.pos
 
-    def values(self, views: list[memoryview]) -> list[Reply]:
+    def values(self, views: list[memoryview], sends: list[bytes]) -> list[Reply]:
         """As many replies as the compiled build's reader takes in one call, the GIL
         released throughout (``_native.recv_values``: values that fit their views, missing
-        keys); none in the pure build. What it stops at is left for ``reply``."""
+        keys; ``sends[i]`` written once reply ``i`` starts); none in the pure build. What it
+        stops at is left for ``reply``."""
         if _recv_values is None or self.raw is None:
             return []
         left = min(remaining(), self.raw.gettimeout() or math.inf)
         if left <= 0:
             raise TimeoutError("the call's deadline (timeout_s) has passed")
         heads, bodies, rest = _recv_values(self.raw.fileno(), min(left, 3600.0),
-                                           bytes(self.buf[self.pos :]), views, HEADER_BYTES)
+                                           bytes(self.buf[self.pos :]), views, HEADER_BYTES,
+                                           sends)
         self.buf, self.pos = bytearray(rest), 0
         return [None if h is None else Landed(h, n) for h, n in zip(heads, bodies, strict=True)]
 
-    def reply(self, view: memoryview | None) -> Reply:
-        """The next reply; a value goes into ``view`` (None: read past, an ``ASKING``'s)."""
+    def reply(self, view: memoryview | None, then: bytes = b"") -> Reply:
+        """The next reply; a value goes into ``view`` (None: read past, an ``ASKING``'s).
+        ``then`` is written once the reply's line is read."""
         line = self._line()
+        if then:
+            self.sock.sendall(then)
         kind, rest = line[:1], line[1:]
         if kind == b"$":
             n = _number(rest)
