@@ -5,12 +5,13 @@ damaged or foreign file, only without a buffer per record and a second copy."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tier_helpers import GEOMETRY, SLOT, items, key
+from tier_helpers import GEOMETRY, SLOT, items, key, payload
 
 from kvtier.keys import ChunkKey
 from kvtier.tiers.disk.directory import record_path
@@ -146,3 +147,32 @@ def test_views_that_cannot_hold_the_payloads_are_refused(tmp_path: Path, views: 
         tier.get_into(keys, bufs)
     assert tier.stats.hits == 0  # nothing was read
     tier.close()
+
+
+def test_a_read_of_megabytes_is_split_across_two_threads_with_the_same_verdicts(
+        tmp_path: Path) -> None:
+    """Six records of 1 MiB (past ``READ_APART``) are read on two threads, a damaged record
+    in each half: each costs exactly its own record, the others land in their own slots,
+    and ``get`` agrees."""
+    size = 1 << 20
+    tier = DiskTier(tmp_path, 8 * (HEADER_BYTES + size), size, geometry=GEOMETRY, fsync=False)
+    names = ["a", "b", "c", "d", "e", "f"]
+    keys = [key(n) for n in names]
+    assert tier.put([(key(n), payload(n, size)) for n in names]) == keys
+    _flip_payload(record_path(tmp_path, key("b")))
+    _truncate(record_path(tmp_path, key("e")))
+    slots = np.zeros((len(names), size), dtype=np.uint8)
+    got = tier.get_into(keys, [memoryview(row.data) for row in slots])
+    intact = [n for n in names if n not in ("b", "e")]
+    assert list(got) == [key(n) for n in intact]
+    for i, n in enumerate(names):
+        if n in intact:
+            assert bytes(got[key(n)]) == bytes(slots[i]) == payload(n, size)
+    assert (tier.stats.hits, tier.stats.corrupt) == (4, 2)
+    assert not record_path(tmp_path, key("b")).exists()
+    assert not record_path(tmp_path, key("e")).exists()
+    assert any(t.name.startswith("kvtier-disk-read") for t in threading.enumerate())
+    assert {k: bytes(v) for k, v in tier.get(keys).items()} == {
+        key(n): payload(n, size) for n in intact}
+    tier.close()
+    assert not any(t.name.startswith("kvtier-disk-read") for t in threading.enumerate())

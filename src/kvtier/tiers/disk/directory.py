@@ -46,6 +46,15 @@ from kvtier.tiers.records.format import HEADER_BYTES, claimed_key, torn_header_o
 Writer = Callable[[int, Sequence[BytesLike]], None]
 """Writes buffers, in order, to an open file descriptor (a seam for fault tests)."""
 
+
+def write_all(fd: int, buffers: Sequence[BytesLike]) -> None:
+    """Write every buffer to ``fd`` in order, retrying short writes (the default
+    ``Writer``)."""
+    for buf in buffers:
+        view = memoryview(buf).cast("B")  # type: ignore[arg-type]
+        while view:
+            view = view[os.write(fd, view):]
+
 _NAME = re.compile(rf"^([0-9a-f]{{{2 * KEY_BYTES}}})(?:\.(tmp|drop)-\d+-\d+)?$")
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 

@@ -32,7 +32,7 @@ write-back to the next tier) after it, so a reader holds the lock only for bookk
 Opening a directory takes an exclusive ``flock`` on ``<path>/LOCK`` (one process at a time;
 a killed process releases it), deletes its own leftovers, and indexes every one of its chunk
 files, oldest first, so a new process serves what an earlier one stored. No threads start
-before the first ``*_async`` call.
+before the first ``*_async`` call or the first read of several megabytes (``READ_APART``).
 
 >>> import tempfile
 >>> from kvtier.keys import ChunkKey
@@ -60,7 +60,7 @@ from kvtier.store.backend import BytesLike
 from kvtier.store.manager import ChunkStore
 from kvtier.store.policies import Policy
 from kvtier.store.results import EventKind, StoreEvent, StoreHandle, StoreRefusal, checked_keys
-from kvtier.tiers.disk.directory import ChunkDir, Entry, NotOurs, Writer
+from kvtier.tiers.disk.directory import ChunkDir, Entry, NotOurs, Writer, write_all
 from kvtier.tiers.host import slots_for_capacity
 from kvtier.tiers.lower import (
     AsyncTwins,
@@ -70,6 +70,7 @@ from kvtier.tiers.lower import (
     TierStats,
     Workers,
     copied_into,
+    outcomes,
 )
 from kvtier.tiers.records.format import (
     HEADER_BYTES,
@@ -83,13 +84,11 @@ from kvtier.tiers.records.seal import Seal
 
 _log = logging.getLogger(__name__)
 
-
-def write_all(fd: int, buffers: Sequence[BytesLike]) -> None:
-    """Write every buffer to ``fd`` in order, retrying short writes."""
-    for buf in buffers:
-        view = memoryview(buf).cast("B")  # type: ignore[arg-type]
-        while view:
-            view = view[os.write(fd, view):]
+READ_APART = 4 << 20
+"""A read of at least this many bytes of records (by the largest record) is split in two,
+the second half read on a thread of the tier's while the caller reads the first: copying
+out of the page cache runs at a few GB/s per core, and a promotion waits on it (15 records of
+1 MiB: 7.3 ms on one thread of a 2-core VM, in the pure build inside vLLM's engine)."""
 
 
 class DiskTier(AsyncTwins, IndexEvents):
@@ -122,6 +121,7 @@ class DiskTier(AsyncTwins, IndexEvents):
         self._disowned: set[ChunkKey] = set()  # unindexed, but their file is not ours
         self._demote: Demote | None = None
         self._workers = Workers(self.name, workers)
+        self._reader = Workers(f"{self.name}-read", 1)
         self._writer = writer or write_all
         self._names = itertools.count()
         self._recover()
@@ -169,15 +169,22 @@ class DiskTier(AsyncTwins, IndexEvents):
         out: dict[ChunkKey, memoryview] = {}
         corrupt, failed, foreign = [], [], []
         try:
-            for k in held:
-                try:
-                    out[k] = load(k.hex(), k)
-                except (NotARecord, NotOurs):
+            def one(k: ChunkKey) -> memoryview:
+                return load(k.hex(), k)
+
+            apart = len(held) > 1 and len(held) * self.record_bytes >= READ_APART
+            for k, got in zip(held, self._reader.halves(one, held) if apart
+                              else outcomes(one, held), strict=True):
+                if isinstance(got, NotARecord | NotOurs):
                     foreign.append(k)
-                except RecordError:
+                elif isinstance(got, RecordError):
                     corrupt.append(k)
-                except OSError:
+                elif isinstance(got, OSError):
                     failed.append(k)
+                elif isinstance(got, Exception):
+                    raise got
+                else:
+                    out[k] = got
         finally:
             if handle is not None:
                 self._index.complete_load(handle)
@@ -381,6 +388,7 @@ class DiskTier(AsyncTwins, IndexEvents):
     def close(self) -> None:
         """Finish queued work, stop the workers and release the directory."""
         self._workers.close()
+        self._reader.close()
         self._dir.close()
 
 
