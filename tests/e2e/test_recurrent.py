@@ -278,8 +278,11 @@ def test_a_second_node_restores_the_state_from_redis(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     server.start()
     try:
+        # a timeout a loaded CI machine cannot reach (the default 0.5 s was, once): this
+        # test is about what is restored, not about a slow server
         tiers = TierConfig(host=HostConfig(capacity=HOST_BYTES, pin_memory=False),
-                           redis=RedisConfig(url=server.url), write_policy="write-through")
+                           redis=RedisConfig(url=server.url, timeout_s=10.0),
+                           write_policy="write-through")
         with TieredStore.from_config(tiers, config.layout()) as store, \
                 KvtierOffloader(config.layout(), store) as producer:
             [cold] = run(Engine(config, producer), [tokens])
