@@ -180,16 +180,16 @@ def _relay(server: RedisServer) -> Iterator[tuple[str, list[int]]]:
     """A TCP relay in front of ``server``: its URL, and, for each piece of reply bytes
     relayed back, how many ``GET``s had been relayed to the server before it."""
     listener = socket.create_server(("127.0.0.1", 0))
-    gets = [0]
+    sent = bytearray()  # every request byte relayed (a command may come in two pieces)
     marks: list[int] = []
 
     def pump(src: socket.socket, dst: socket.socket, requests: bool) -> None:
         try:
             while data := src.recv(1 << 16):
                 if requests:
-                    gets[0] += data.count(b"\r\nGET\r\n")
+                    sent.extend(data)
                 else:
-                    marks.append(gets[0])
+                    marks.append(sent.count(b"\r\nGET\r\n"))
                 dst.sendall(data)
         except OSError:
             pass

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -235,7 +235,11 @@ class Workers:
         """
         cut = (len(items) + 1) // 2
         second = self.submit(outcomes, fn, items[cut:])
-        return [*outcomes(fn, items[:cut]), *second.result()]
+        try:
+            first = outcomes(fn, items[:cut])
+        finally:  # even on an interrupt: the worker is done with what ``fn`` writes to
+            wait([second])
+        return [*first, *second.result()]
 
     def close(self) -> None:
         """Wait for queued work, then stop the threads (a later submit starts new ones)."""

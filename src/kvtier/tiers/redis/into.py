@@ -100,6 +100,8 @@ class GetInto(Each):
         for its value's)."""
         gets = [b"".join(conn.pack_command("GET", self.names[i])) for i in indexes]
         sizes = [self.views[i].nbytes for i in indexes]
+        if not gets:
+            return b"", []
         sent, ahead = 1, sizes[0]
         while sent < len(gets) and ahead + sizes[sent] <= AHEAD_BYTES:
             ahead, sent = ahead + sizes[sent], sent + 1

@@ -165,9 +165,11 @@ class ClusterLink:
             self.failed("")
 
     def failed(self, node: str) -> None:
-        """Re-read the slot map in the background (one refresh at a time)."""
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = self._jobs.submit(self._refresh)
+        """Re-read the slot map in the background (one refresh at a time, whichever
+        threads report failures: the nodes of one call fail on threads of their own)."""
+        with self._lock:
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = self._jobs.submit(self._refresh)
 
     def _refresh(self) -> None:
         redis = redis_module()
