@@ -180,20 +180,21 @@ def decode_round(llm: LLM, bare: LLM, seed: int, batch: int, tokens: int
             for i in range(batch):
                 engine.llm_engine.add_request(f"decode-{seed}-{i}", prompt(seed + i, 64), params)
             engine.llm_engine.step()  # the batch's prefill, and its first token
-    spent = {id(llm): 0.0, id(bare): 0.0}
+    spent = [0.0, 0.0]  # as ``sides``
     k = 0
     while all(e.llm_engine.has_unfinished_requests() for e, _ in sides):
-        for engine, scope in (sides if k % 2 == 0 else sides[::-1]):
+        for i in ((0, 1) if k % 2 == 0 else (1, 0)):
+            engine, scope = sides[i]
             with scope():
                 t0 = time.perf_counter()
                 engine.llm_engine.step()
-                spent[id(engine)] += time.perf_counter() - t0
+                spent[i] += time.perf_counter() - t0
         k += 1
     for engine, scope in sides:
         with scope():
             while engine.llm_engine.has_unfinished_requests():
                 engine.llm_engine.step()
-    return spent[id(llm)], spent[id(bare)]
+    return spent[0], spent[1]
 
 
 def main() -> None:
