@@ -18,7 +18,9 @@ from kvtier_build import compile_requested, native_declined  # the one reading o
 COMPILED = [
     "src/kvtier/boundaries.py",
     "src/kvtier/coverage.py",
+    "src/kvtier/integrations/vllm/scheduled.py",
     "src/kvtier/integrations/vllm/scheduler.py",
+    "src/kvtier/integrations/vllm/state.py",
     "src/kvtier/keys.py",
     "src/kvtier/planner/binding.py",
     "src/kvtier/planner/jobs.py",

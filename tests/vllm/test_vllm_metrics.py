@@ -55,6 +55,20 @@ def test_each_call_hands_out_what_changed_since_the_last() -> None:
     assert stats.take()["tiers"]["host"] == {"stored": 2, "bytes_written": 128}
 
 
+def test_a_quiet_step_reports_nothing_and_a_lookup_alone_is_reported() -> None:
+    sched = ConnectorScheduler(LAYOUT, 8, 1)
+    stats = ConnectorStats.of_scheduler(sched)
+    produce(sched, "a", list(range(20)))
+    stats.take()
+    sched.step([StepRequest("a", None, False, 21, list(range(21)))])  # decoding: no boundary
+    assert stats.take() == {}
+    sched.add_request("m", list(range(500, 520)))
+    assert sched.lookup("m", 0) == (0, False)  # only the planner's lookup count moves
+    assert stats.take() == {"planner": {"lookups": {"miss": 1}}}
+    sched.finish("m")
+    assert stats.take() == {}
+
+
 def payload(hits: int, samples: list[float]) -> dict[str, Any]:
     return {"tiers": {"disk": {"hits": hits}},
             "planner": {"lookups": {"hit": 1}, "chunks_loaded": hits},

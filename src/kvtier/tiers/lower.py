@@ -78,6 +78,7 @@ class TierStats:
     write_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _watchers: list[LatencyWatcher] = field(default_factory=list, repr=False, compare=False)
+    _changes: int = field(default=0, repr=False, compare=False)
 
     def add(self, **deltas: float) -> None:
         """Add each delta to its counter; a call counted in ``reads`` (``writes``) with its
@@ -85,11 +86,17 @@ class TierStats:
         with self._lock:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
+            self._changes += 1
         if self._watchers:
             for op in ("read", "write"):
                 if deltas.get(op + "s"):
                     for watch in self._watchers:
                         watch(self.name, op, deltas.get(op + "_seconds", 0.0))
+
+    @property
+    def changes(self) -> int:
+        """Calls of ``add`` so far: unchanged, no counter moved (read without the lock)."""
+        return self._changes
 
     @property
     def watched(self) -> bool:

@@ -38,8 +38,9 @@ from kvtier.integrations.vllm.observe import (
     TierEventLog,
     kv_event,
 )
-from kvtier.integrations.vllm.scheduler import ConnectorScheduler, StepPlan, StepRequest
-from kvtier.integrations.vllm.state import layer_tensors, offloads_of, state_blocks
+from kvtier.integrations.vllm.scheduled import continuing_horizons, scheduled_steps
+from kvtier.integrations.vllm.scheduler import NOTHING, ConnectorScheduler, StepPlan
+from kvtier.integrations.vllm.state import layer_tensors
 from kvtier.integrations.vllm.tiers import has_lower, scheduler_tiers
 from kvtier.integrations.vllm.worker import ConnectorWorker
 from kvtier.integrations.vllm.worker_tiers import RankTiers
@@ -94,6 +95,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # the plan before_forward ran for, held (not its id(): a freed plan's id is reused)
         self._prepared: StepPlan | None = None
         self._completed: dict[int, tuple[int, bool]] = {}
+        self._quiet = KvtierConnectorMetadata(NOTHING)  # a quiet step's (shared: read-only)
         slot_bytes, geometry = setup.slot_bytes, geometry_of(setup.layout)
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = ConnectorScheduler(
@@ -149,21 +151,14 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         sched = self._sched()
+        # most decoding steps plan nothing: said without building the step's requests
+        horizons = continuing_horizons(scheduler_output, self._requests)
+        if horizons is not None and sched.quiet(horizons) is not None:
+            return self._quiet
         for req_id in scheduler_output.preempted_req_ids or ():
             sched.preempt(req_id)
         copies = [c.dst_block_id for c in scheduler_output.kv_cache_block_copies or ()]
-        offloads = offloads_of(scheduler_output)
-        # per scheduled request: the tokens with KV once the forward ran (drafts excluded)
-        requests, drafts = self._requests, scheduler_output.scheduled_spec_decode_tokens
-        num_scheduled, steps = scheduler_output.num_scheduled_tokens, []
-        for req_id, block_ids, full in _scheduled(scheduler_output):
-            request = requests[req_id]
-            horizon = request.num_computed_tokens + num_scheduled[req_id]
-            if drafts:
-                horizon -= len(drafts.get(req_id, ()))
-            found = offloads.get(req_id) if offloads else None
-            steps.append(StepRequest(req_id, block_ids, full, horizon, request.all_token_ids,
-                                     state_blocks(self.layout, found) if found else ()))
+        steps = scheduled_steps(scheduler_output, self._requests, self.layout)
         return KvtierConnectorMetadata(sched.step(steps, copies))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -285,12 +280,3 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self.worker.close()
         if self.scheduler is not None:
             self.scheduler.close()
-
-
-def _scheduled(out: SchedulerOutput) -> Iterable[tuple[str, Any, bool]]:
-    """(request id, block ids per group or None, whether they are the whole table)."""
-    for new in out.scheduled_new_reqs:
-        yield new.req_id, new.block_ids, True
-    cached = out.scheduled_cached_reqs
-    for req_id, ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
-        yield req_id, ids, req_id in cached.resumed_req_ids

@@ -38,7 +38,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.kv_cache_interface import MambaSpec
 
-from kvtier.integrations.vllm.state import offloads_of
+from kvtier.integrations.vllm.scheduled import offloads_of
 from kvtier.integrations.vllm.testing import (
     HEAD_SIZE,
     HEADS,

@@ -102,15 +102,21 @@ class ConnectorStats:
     """One connector half's counters, handed out as increments (``take``): the scheduler's
     (host memory, from its store's events, and the planner's), or a worker's (its own disk
     and Redis tiers, and their latencies). vLLM sums the halves, so with tensor parallelism
-    a lower tier's counts add every rank's shard."""
+    a lower tier's counts add every rank's shard.
+
+    ``version`` is a number that moves whenever any counter may have (the scheduler's
+    ``changes``, the tiers' ``TierStats.changes``); while it stands still ``take`` builds no
+    snapshot, which is most steps of decoding."""
 
     def __init__(self, tiers: Callable[[], Mapping[str, Mapping[str, Any]]],
                  planner: Callable[[], Metrics] | None = None,
-                 timed: Iterable[TierStats] = ()) -> None:
-        self._tiers, self._planner = tiers, planner
+                 timed: Iterable[TierStats] = (),
+                 version: Callable[[], int] | None = None) -> None:
+        self._tiers, self._planner, self._version = tiers, planner, version
         self._latency = LatencySamples()
         watch_latency(timed, self._latency)
         self._last: Payload = {}
+        self._seen: int | None = None
 
     @classmethod
     def of_scheduler(cls, scheduler: ConnectorScheduler) -> ConnectorStats:
@@ -119,7 +125,7 @@ class ConnectorStats:
         host, events = TierStats("host").snapshot(), EventCounts()
         scheduler.store.subscribe(events)
         return cls(lambda: {"host": {**host, **events.fields()}},
-                   lambda: scheduler.planner.metrics)
+                   lambda: scheduler.planner.metrics, version=lambda: scheduler.changes)
 
     @classmethod
     def of_worker(cls, tiers: RankTiers | None) -> ConnectorStats | None:
@@ -128,14 +134,20 @@ class ConnectorStats:
             return None
         lower = list(tiers.lower)
         return cls(lambda: {t.name: t.stats.snapshot() for t in lower},
-                   timed=[t.stats for t in lower])
+                   timed=[t.stats for t in lower],
+                   version=lambda: sum(t.stats.changes for t in lower))
 
     def take(self) -> Payload:
         """What changed since the last call (empty when nothing did)."""
-        now = snapshot(self._tiers(), None if self._planner is None else self._planner())
-        # most steps change no counter: one dict comparison, in C, instead of the walk
-        delta = {} if now == self._last else subtract(now, self._last)
-        self._last = now
+        # read before the snapshot: a count that lands in between moves it for next time
+        version = None if self._version is None else self._version()
+        if version is None or version != self._seen:
+            now = snapshot(self._tiers(), None if self._planner is None else self._planner())
+            # a version can move with no reported counter: compare before walking (in C)
+            delta = {} if now == self._last else subtract(now, self._last)
+            self._last, self._seen = now, version
+        else:
+            delta = {}
         if latency := self._latency.drain():
             delta["latency"] = latency
         return delta

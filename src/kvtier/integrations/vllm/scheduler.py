@@ -99,6 +99,10 @@ class ConnectorScheduler:
     many workers must report a job before it counts as done. ``tiers``: the lower tiers the
     workers hold (a ``TieredHost`` over this store), if any. ``clock`` is the planner's
     (the lookup deadline). ``admission``: when a new chunk is stored (``admit_after``).
+
+    ``changes`` grows with every call that may move the planner's metrics or the store's
+    events; a decoding step that plans nothing leaves it alone, so the connector's stats
+    can tell, in one comparison, that there is nothing new to report.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class ConnectorScheduler:
         self._unaccepted: set[str] = set()
         self._ready: set[ChunkKey] = set()
         self.events: list[StoreEvent] = []
+        self.changes = 0
         self.store.subscribe(self._on_event)
         # A group that stores whole chunks keeps every block until the request ends: only
         # the other groups' tables can hold blocks vLLM handed to another request.
@@ -136,6 +141,7 @@ class ConnectorScheduler:
 
     def add_request(self, request_id: str, prompt: Sequence[int], salt: str | None = None) -> None:
         """A new request: its prompt is hashed once, here."""
+        self.changes += 1
         self.planner.add_request(request_id, prompt, salt=salt, limits=self._limits)
         empty: list[list[int | None]] = [[] for _ in self.layout.groups]
         self._requests[request_id] = _Request(empty, len(prompt), len(prompt),
@@ -150,6 +156,7 @@ class ConnectorScheduler:
         chunks). A hit is the planner's: for a prompt that ends on a boundary, its
         whole-prompt hit restores all but the last token, which vLLM computes.
         """
+        self.changes += 1
         self._learn(request_id, tokens)
         found = self.planner.lookup(request_id, num_computed)
         if found.outcome is Outcome.WAIT:
@@ -169,6 +176,7 @@ class ConnectorScheduler:
         """
         if num_external == 0:
             return
+        self.changes += 1
         for ids in block_ids:
             self._fresh.update(ids)
         self._unaccepted.discard(request_id)
@@ -180,12 +188,14 @@ class ConnectorScheduler:
     def finish(self, request_id: str) -> None:
         """The request finished or was aborted; its stores in flight stay fenced."""
         if self._requests.pop(request_id, None) is not None:
+            self.changes += 1
             self._unaccepted.discard(request_id)
             self.planner.finish(request_id)
 
     def preempt(self, request_id: str) -> None:
         req = self._requests.get(request_id)
         if req is not None:
+            self.changes += 1
             self.planner.preempt(request_id)
             req.tables, req.prior_horizon = [[] for _ in self.layout.groups], 0
             req.num_boundaries, req.live_from = 0, [0] * len(self.layout.groups)
@@ -219,10 +229,45 @@ class ConnectorScheduler:
         if not steps and self.tiers is not None:
             self.tiers.settle(IDLE_WAIT_S)  # the next lookup folds the probes in
         below = self.tiers.take_plan(stores) if self.tiers is not None else ((), ())
-        plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below,
-                        idle=not steps)
-        self._loads, self._fresh, self._unaccepted = [], set(), set()
+        if self._unaccepted or not steps or self.tiers is not None:
+            self.changes += 1
+        if stores or self._loads or flush or below[0] or below[1]:
+            plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below,
+                            idle=not steps)
+            self._loads = []
+        else:  # most decoding steps: the workers have nothing to do
+            plan = NOTHING if steps else _IDLE
+        if fresh:
+            self._fresh = set()
+        if self._unaccepted:
+            self._unaccepted = set()
         return plan
+
+    def quiet(self, horizons: Sequence[tuple[str, int]]) -> StepPlan | None:
+        """The plan of a step that only continues running requests, none with a new block
+        (``(request id, horizon)`` each; ``scheduled.continuing_horizons``), when no request
+        passes anything it could store: the shared empty plan, and ``step`` need not run.
+        None when ``step`` must plan it. Most decoding steps are quiet.
+
+        It is ``step``'s answer for such a step, decided without its bookkeeping: a request's
+        last planned horizon is left where it was, so the next planned step's checks see the
+        same boundaries passed, and checks a longer stretch of its table for reallocated
+        blocks (blocks no later store reads: harmless)."""
+        if (not horizons or self._loads or self._fresh or self._unaccepted or self._state
+                or self.tiers is not None):
+            return None
+        known = self._requests
+        for request_id, horizon in horizons:
+            req = known.get(request_id)
+            if req is None:
+                return None
+            if req.stored_all or horizon <= req.prior_horizon:
+                continue
+            if req.retry or req.prior_horizon < req.num_prompt <= horizon:
+                return None
+            if len(coverage.admissible_boundaries(self.layout, horizon)) != req.num_boundaries:
+                return None
+        return NOTHING
 
     def _fences(self, fresh: set[int]) -> list[int]:
         """Store jobs still reading any of the ``fresh`` blocks, in id order."""
@@ -282,6 +327,7 @@ class ConnectorScheduler:
         num_boundaries = len(coverage.admissible_boundaries(self.layout, horizon))
         if num_boundaries == req.num_boundaries and not req.retry and not crossed_prompt:
             return None  # no boundary passed (most decoding steps): nothing became storable
+        self.changes += 1
         req.num_boundaries = num_boundaries
         self._learn(s.request_id, s.tokens)  # hashed only when they may be stored
         metrics = self.planner.metrics
@@ -311,6 +357,8 @@ class ConnectorScheduler:
     def on_reports(self, done: dict[int, tuple[int, bool]]) -> list[JobReport]:
         """Fold in ``{job_id: (workers_reporting, all_ok)}`` from one step's outputs;
         returns the jobs every worker has now finished."""
+        if done:
+            self.changes += 1
         finished = []
         for job_id, (count, ok) in done.items():
             if self.tiers is not None and self.tiers.owns(job_id):
@@ -340,6 +388,7 @@ class ConnectorScheduler:
     # ---- cache-wide --------------------------------------------------------------------
 
     def _on_event(self, event: StoreEvent) -> None:
+        self.changes += 1
         self.events.append(event)
         if event.kind is EventKind.STORED:
             self._ready.add(event.key)
@@ -357,7 +406,13 @@ class ConnectorScheduler:
 
     def clear_cache(self) -> int:
         """Drop every stored chunk no load is reading; returns how many were dropped."""
+        self.changes += 1
         return len(self.store.remove(list(self._ready)))
+
+
+NOTHING = StepPlan()
+"""The plan of a step in which the workers do nothing (shared: plans are frozen)."""
+_IDLE = StepPlan(idle=True)
 
 
 def _table_ids(ids: BlockIds) -> list[int | None]:

@@ -52,13 +52,6 @@ def state_blocks(layout: Layout, offloads: Iterable[Sequence[int]]) -> tuple[Sta
     return tuple(out)
 
 
-def offloads_of(scheduler_output: Any) -> dict[str, list[tuple[int, int, int]]]:
-    """``boundary_state_offloads`` of a vLLM ``SchedulerOutput`` ({} where the build has no
-    ``kv_connector_block_state``, or the step offers none)."""
-    block_state = getattr(scheduler_output, "kv_connector_block_state", None)
-    return dict(getattr(block_state, "boundary_state_offloads", None) or {})
-
-
 def layer_tensors(cache: Any) -> list[Any]:
     """The tensors of one layer's cache as vLLM registers it: an attention layer's one KV
     tensor, or a state layer's state tensors in vLLM's order (conv state first)."""

@@ -122,21 +122,26 @@ class ConnectorWorker:
     def collect(self, idle: bool = False) -> WorkerReport:
         """Jobs finished since the last call; the loads submitted since then are waited for
         and, if ``idle`` (a step with nothing scheduled), the first promotion to finish, for
-        up to ``IDLE_WAIT_S`` (see the module docstring)."""
+        up to ``IDLE_WAIT_S`` (see the module docstring). The report is the caller's to read,
+        not to change (an empty one is handed out again)."""
         if idle:
             promotions = [f for f, job in self._tier_jobs.items() if isinstance(job, int)]
             if promotions:
                 wait(promotions, timeout=IDLE_WAIT_S, return_when=FIRST_COMPLETED)
-        engine = self._engine()
         loading, self._loading = self._loading, []
-        for engine_id in loading:
-            if engine_id in self._running:  # not yet finished by a fence or wait_all
-                self._finish(engine.wait(engine_id))
-        for result in engine.poll():
-            self._finish(result)
-        for future in [f for f in self._tier_jobs if f.done()]:
-            self._tier_done(future)
-        report, self._report = self._report, WorkerReport()
+        if self._running:  # most decoding steps have no job in flight: nothing to ask
+            engine = self._engine()
+            for engine_id in loading:
+                if engine_id in self._running:  # not yet finished by a fence or wait_all
+                    self._finish(engine.wait(engine_id))
+            for result in engine.poll():
+                self._finish(result)
+        if self._tier_jobs:
+            for future in [f for f in self._tier_jobs if f.done()]:
+                self._tier_done(future)
+        report = self._report
+        if report.completed:  # every load and failure comes with its job: else it is empty
+            self._report = WorkerReport()
         return report
 
     def wait_all(self) -> None:
