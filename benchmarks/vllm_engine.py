@@ -15,7 +15,8 @@ Each turn takes a new prompt and times one-token generations (time to first toke
 * ``kvtier``: vLLM's prefix cache reset, kvtier's kept: the prefix is loaded from kvtier's
   host slab into freshly allocated blocks;
 * ``vllm-hit``: the same prompt again, its blocks still in vLLM's own prefix cache: the
-  physical limit (nothing moves; vLLM computes the tokens past its last full block).
+  physical limit (nothing moves; vLLM computes the tokens past its last full block). It runs
+  after the kvtier run in even turns and before it (right after the cold run) in odd ones.
 
 ``--model qwen3next``: the same turns on a gated-delta-net hybrid (``vllm_hybrid.py``).
 
@@ -146,14 +147,19 @@ def cold_turn(llm: LLM, seed: int, n: int) -> tuple[list[TokensPrompt], float]:
 
 
 def ttft_turn(llm: LLM, seed: int, n: int) -> dict[str, float]:
-    """One prompt: cold, warm from kvtier, warm from vLLM's own cache (seconds, hits)."""
+    """One prompt: cold, warm from kvtier, warm from vLLM's own cache (seconds, hits). The
+    two warm runs take turns at going first (odd ``seed``: vLLM's hit right after the cold
+    run, then kvtier's with vLLM's cache reset), so that neither always runs on caches the
+    other just warmed."""
     p, cold = cold_turn(llm, seed, n)
-    llm.reset_prefix_cache()
-    warm, outs = timed(llm, p, 1)
-    kvtier_hit = outs[0].num_cached_tokens
-    vllm, outs = timed(llm, p, 1)
-    return {"cold": cold, "kvtier": warm, "vllm-hit": vllm,
-            "kvtier_hit": kvtier_hit, "vllm_hit": outs[0].num_cached_tokens}
+    runs: dict[str, tuple[float, int]] = {}
+    for run in (("vllm-hit", "kvtier") if seed % 2 else ("kvtier", "vllm-hit")):
+        if run == "kvtier":
+            llm.reset_prefix_cache()  # vLLM's own cache only: kvtier's store is kept
+        seconds, outs = timed(llm, p, 1)
+        runs[run] = seconds, outs[0].num_cached_tokens
+    return {"cold": cold, "kvtier": runs["kvtier"][0], "vllm-hit": runs["vllm-hit"][0],
+            "kvtier_hit": runs["kvtier"][1], "vllm_hit": runs["vllm-hit"][1]}
 
 
 def decode_rate(llm: LLM, seed: int, batch: int, tokens: int) -> float:
@@ -200,7 +206,8 @@ def decode_round(llm: LLM, bare: LLM, seed: int, batch: int, tokens: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt-tokens", type=int, default=4000)
-    parser.add_argument("--turns", type=int, default=5, help="TTFT turns")
+    parser.add_argument("--turns", type=int, default=7,
+                        help="TTFT turns; single turns spread by a fifth: medians need several")
     parser.add_argument("--decode-rounds", type=int, default=24,
                         help="interleaved decoding rounds; single rounds on a shared machine "
                              "spread from 0.4 to 1.3, so the median needs many to resolve 2%%")

@@ -5,7 +5,8 @@ adds exactly those, under vLLM's engine labels; a KV event carries its tier's me
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace as NS
+from typing import Any, cast
 
 import pytest
 
@@ -29,6 +30,7 @@ from kvtier.layout import Group, Layout
 from kvtier.store.results import EventKind, StoreEvent
 from kvtier.tiers.config import TierConfig
 from kvtier.tiers.host import HostSlab
+from kvtier.tiers.lower import TierStats
 
 pytestmark = pytest.mark.vllm
 
@@ -55,18 +57,44 @@ def test_each_call_hands_out_what_changed_since_the_last() -> None:
     assert stats.take()["tiers"]["host"] == {"stored": 2, "bytes_written": 128}
 
 
-def test_a_quiet_step_reports_nothing_and_a_lookup_alone_is_reported() -> None:
+def test_each_change_is_reported_by_the_next_take_and_a_quiet_step_by_none() -> None:
+    """Each call that moves a counter, alone between two takes (a count missed would never
+    reach vLLM once the engine goes idle)."""
     sched = ConnectorScheduler(LAYOUT, 8, 1)
     stats = ConnectorStats.of_scheduler(sched)
-    produce(sched, "a", list(range(20)))
+    prompt = list(range(20))
+    sched.add_request("a", prompt)
     stats.take()
-    sched.step([StepRequest("a", None, False, 21, list(range(21)))])  # decoding: no boundary
+    plan = sched.step([StepRequest("a", ([1, 2, 3, 4, 5],), True, 20, prompt)])
+    assert stats.take()["planner"]["chunks_offered"] == 2  # the step planned two stores
+    sched.on_reports({plan.stores[0].id: (1, True)})
+    assert stats.take()["tiers"]["host"] == {"stored": 2, "bytes_written": 128}
+    sched.step([StepRequest("a", None, False, 21, [*prompt, 20])])  # no chunk end passed
     assert stats.take() == {}
     sched.add_request("m", list(range(500, 520)))
-    assert sched.lookup("m", 0) == (0, False)  # only the planner's lookup count moves
+    stats.take()
+    assert sched.lookup("m", 0) == (0, False)
     assert stats.take() == {"planner": {"lookups": {"miss": 1}}}
-    sched.finish("m")
+    sched.add_request("b", prompt)
+    assert sched.lookup("b", 0) == (16, True)
+    stats.take()
+    sched.after_alloc("b", [[6, 7, 8, 9, 10]], 16)
+    load = sched.step([]).loads[0]
+    stats.take()
+    sched.on_reports({load.id: (1, True)})
+    assert stats.take()["planner"]["chunks_loaded"] == 2
+
+
+def test_a_workers_tier_counts_are_reported_once_each() -> None:
+    disk = TierStats("disk")
+    stats = ConnectorStats.of_worker(cast(Any, NS(lower=[NS(name="disk", stats=disk)])))
+    assert stats is not None
     assert stats.take() == {}
+    disk.add(hits=2)
+    assert stats.take() == {"tiers": {"disk": {"hits": 2}}}
+    assert stats.take() == {}
+    disk.add(errors=1)
+    assert stats.take() == {"tiers": {"disk": {"errors": 1}}}
 
 
 def payload(hits: int, samples: list[float]) -> dict[str, Any]:

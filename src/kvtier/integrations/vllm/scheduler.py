@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from kvtier import coverage
 from kvtier.boundaries import BoundaryMode
-from kvtier.integrations.vllm.steps import BlockIds, StepPlan, StepRequest
+from kvtier.integrations.vllm.steps import NOTHING, BlockIds, JobReport, StepPlan, StepRequest
 from kvtier.integrations.vllm.tiers import TieredHost
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.layout import Layout
@@ -83,15 +83,6 @@ class _Job:
     ok: bool = True
 
 
-@dataclass
-class JobReport:
-    """A finished job as the workers saw it: ``ok`` only if every worker succeeded."""
-
-    request_id: str
-    direction: str
-    ok: bool
-
-
 class ConnectorScheduler:
     """Per-step planning for vLLM over one ``Planner`` and a metadata-only ``ChunkStore``.
 
@@ -99,10 +90,8 @@ class ConnectorScheduler:
     many workers must report a job before it counts as done. ``tiers``: the lower tiers the
     workers hold (a ``TieredHost`` over this store), if any. ``clock`` is the planner's
     (the lookup deadline). ``admission``: when a new chunk is stored (``admit_after``).
-
     ``changes`` grows with every call that may move the planner's metrics or the store's
-    events; a decoding step that plans nothing leaves it alone, so the connector's stats
-    can tell, in one comparison, that there is nothing new to report.
+    events (not with a step that plans nothing): the connector's stats read it.
     """
 
     def __init__(
@@ -231,28 +220,18 @@ class ConnectorScheduler:
         below = self.tiers.take_plan(stores) if self.tiers is not None else ((), ())
         if self._unaccepted or not steps or self.tiers is not None:
             self.changes += 1
-        if stores or self._loads or flush or below[0] or below[1]:
-            plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below,
-                            idle=not steps)
-            self._loads = []
-        else:  # most decoding steps: the workers have nothing to do
-            plan = NOTHING if steps else _IDLE
-        if fresh:
-            self._fresh = set()
-        if self._unaccepted:
-            self._unaccepted = set()
+        plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below,
+                        idle=not steps)
+        self._loads, self._fresh, self._unaccepted = [], set(), set()
         return plan
 
     def quiet(self, horizons: Sequence[tuple[str, int]]) -> StepPlan | None:
-        """The plan of a step that only continues running requests, none with a new block
-        (``(request id, horizon)`` each; ``scheduled.continuing_horizons``), when no request
-        passes anything it could store: the shared empty plan, and ``step`` need not run.
-        None when ``step`` must plan it. Most decoding steps are quiet.
-
-        It is ``step``'s answer for such a step, decided without its bookkeeping: a request's
-        last planned horizon is left where it was, so the next planned step's checks see the
-        same boundaries passed, and checks a longer stretch of its table for reallocated
-        blocks (blocks no later store reads: harmless)."""
+        """``step``'s plan, the shared empty one, for a step that only continues running
+        requests with no new block (``(request id, horizon)`` each), if none passes anything
+        it could store (most decoding steps); else None: ``step`` must plan it. Without
+        ``step``'s bookkeeping: a request's last planned horizon stays, so the next planned
+        step sees the same boundaries passed (and checks more of its table for reallocated
+        blocks, blocks no later store reads)."""
         if (not horizons or self._loads or self._fresh or self._unaccepted or self._state
                 or self.tiers is not None):
             return None
@@ -261,11 +240,7 @@ class ConnectorScheduler:
             req = known.get(request_id)
             if req is None:
                 return None
-            if req.stored_all or horizon <= req.prior_horizon:
-                continue
-            if req.retry or req.prior_horizon < req.num_prompt <= horizon:
-                return None
-            if len(coverage.admissible_boundaries(self.layout, horizon)) != req.num_boundaries:
+            if not req.stored_all and horizon > req.prior_horizon and self._due(req, horizon):
                 return None
         return NOTHING
 
@@ -322,13 +297,12 @@ class ConnectorScheduler:
         horizon = min(s.horizon, len(s.tokens))
         if horizon <= req.prior_horizon:
             return None
-        crossed_prompt = req.prior_horizon < req.num_prompt <= horizon
+        due = self._due(req, horizon)
         self._advance(req, horizon)
-        num_boundaries = len(coverage.admissible_boundaries(self.layout, horizon))
-        if num_boundaries == req.num_boundaries and not req.retry and not crossed_prompt:
+        if not due:
             return None  # no boundary passed (most decoding steps): nothing became storable
         self.changes += 1
-        req.num_boundaries = num_boundaries
+        req.num_boundaries = len(coverage.admissible_boundaries(self.layout, horizon))
         self._learn(s.request_id, s.tokens)  # hashed only when they may be stored
         metrics = self.planner.metrics
         refusals = metrics.store_refusals
@@ -339,6 +313,12 @@ class ConnectorScheduler:
         if job is not None:
             self._jobs[job.id] = _Job(job, self.num_workers)
         return job
+
+    def _due(self, req: _Request, horizon: int) -> bool:
+        """Whether store planning has work at ``horizon`` (past the last planned one): a
+        refused store to retry, the prompt's end or a boundary passed since."""
+        return (req.retry or req.prior_horizon < req.num_prompt <= horizon
+                or len(coverage.admissible_boundaries(self.layout, horizon)) != req.num_boundaries)
 
     def _learn(self, request_id: str, tokens: Sequence[int]) -> None:
         """Hand the planner the tokens of ``tokens`` it has not seen yet."""
@@ -409,10 +389,6 @@ class ConnectorScheduler:
         self.changes += 1
         return len(self.store.remove(list(self._ready)))
 
-
-NOTHING = StepPlan()
-"""The plan of a step in which the workers do nothing (shared: plans are frozen)."""
-_IDLE = StepPlan(idle=True)
 
 
 def _table_ids(ids: BlockIds) -> list[int | None]:

@@ -54,3 +54,16 @@ class StepPlan:
         compiled build's frozen classes refuse the default pickle's attribute writes."""
         return (StepPlan, (self.loads, self.stores, self.flush, self.promotes, self.demotions,
                            self.idle))
+
+
+NOTHING = StepPlan()
+"""The plan of a quiet step, in which the workers do nothing (shared: plans are frozen)."""
+
+
+@dataclass
+class JobReport:
+    """A finished job as the workers saw it: ``ok`` only if every worker succeeded."""
+
+    request_id: str
+    direction: str
+    ok: bool
