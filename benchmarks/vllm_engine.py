@@ -28,10 +28,19 @@ cleared, :func:`connector_cleared`). Both engines hold the same round's batch an
 step by step (:func:`decode_round`, alternating which goes first), so that the machine's
 speed, which drifts by 20% within seconds on a shared VM, is the same for both within each
 pair of steps; a round's ratio is the sum of the bare engine's decoding step times over the
-sum of kvtier's (every step counted, those that plan and start stores included), and the
-figure is the median over ``--decode-rounds`` rounds. ``decode_runs_kvtier_over_none``
-keeps the earlier measure for comparison (whole generations timed, prefill subtracted,
-alternating run by run, median of the rounds' ratios). Targets (issue 28), by build:
+sum of kvtier's (every step counted, those that plan and start stores included).
+
+Which engine a process builds first matters: with two engines that are the same (no
+connector on either, ``--control``), the one built first decoded 1.1-1.5% slower than the
+other in every process measured (ratios 0.983-0.986 with it on the kvtier side, 1.011-1.013
+with it on the bare side). So the decoding rounds run in two fresh child processes
+(:func:`decode_half`), one building kvtier's engine first and one building it second, half
+the rounds each; the figure is the geometric mean of the two halves' medians, which cancels
+an order effect that slows the first engine by a fixed factor. ``--control`` runs the same
+halves with no connector on either engine: the fairness check, whose figure should be 1
+(targets 0.99-1.01). ``decode_runs_kvtier_over_none`` keeps an earlier measure for comparison
+(whole generations timed, prefill subtracted, alternating run by run, median of the rounds'
+ratios, both halves together). Targets (issue 28), by build:
 decoding with kvtier / without >= 0.95 pure, >= 0.98 compiled; kvtier/vllm-hit TTFT <= 1.5
 pure, <= 1.3 compiled; kvtier/cold TTFT <= 0.3. The last line is one JSON object.
 """
@@ -42,8 +51,11 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -215,6 +227,12 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=192)
     parser.add_argument("--quick", action="store_true",
                         help="2 turns, 2000-token prompts, 4 decoding rounds of 96 tokens")
+    parser.add_argument("--control", action="store_true",
+                        help="the fairness check: decoding only, no connector on either engine "
+                             "(its figure should be 1)")
+    parser.add_argument("--decode-half", choices=["kvtier", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--decode-out", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=["llama", "qwen3next"], default="llama",
                         help="qwen3next: a recurrent-state hybrid, TTFT only (vllm_hybrid.py)")
     args = parser.parse_args()
@@ -225,31 +243,26 @@ def main() -> None:
         args.prompt_tokens, args.turns, args.decode_tokens, args.decode_rounds = 2000, 2, 96, 4
     max_len = args.prompt_tokens + BLOCK_TOKENS
     num_blocks = 2 * (max_len // BLOCK_TOKENS + 1) + args.batch * 4
+    if args.decode_half:
+        decode_half(args, max_len, num_blocks)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         model = write_model(Path(tmp) / "llama")
-        llm = start(model, max_len, num_blocks, connector=True)
-        with connector_cleared():
-            bare = start(model, max_len, num_blocks, connector=False)
-            timed(bare, [prompt(999, 256)], 4)  # warm-up: first-call costs are not the engine's
-        timed(llm, [prompt(999, 256)], 4)
-        ttft = [ttft_turn(llm, turn, args.prompt_tokens) for turn in range(args.turns)]
-        with_kvtier, without, stepped = [], [], []
-        for r in range(args.decode_rounds):
-            stepped.append(decode_round(llm, bare, 100 + r, args.batch, args.decode_tokens))
-            for connector in (r % 2 == 0, r % 2 == 1):  # alternating which runs first
-                if connector:
-                    with_kvtier.append(decode_rate(llm, 100 + r, args.batch, args.decode_tokens))
-                else:
-                    with connector_cleared():
-                        without.append(decode_rate(bare, 100 + r, args.batch,
-                                                   args.decode_tokens))
-        with connector_cleared():
-            stop(bare)
-        stop(llm)
+        ttft: list[dict[str, float]] = []
+        if not args.control:
+            llm = start(model, max_len, num_blocks, connector=True)
+            timed(llm, [prompt(999, 256)], 4)  # warm-up: first-call costs are not the engine's
+            ttft = [ttft_turn(llm, turn, args.prompt_tokens) for turn in range(args.turns)]
+            stop(llm)
+        halves = [run_half(args, model, Path(tmp) / f"{first}.json", first)
+                  for first in ("kvtier", "bare")]
 
+    if args.control:
+        control(halves)
+        return
     targets = TARGETS[build()]
-    figures = report(ttft, with_kvtier, without, stepped, args, targets)
+    figures = report(ttft, halves, args, targets)
     met = (figures["ttft_kvtier_over_cold"] <= targets["ttft_kvtier_over_cold"]
            and figures["ttft_kvtier_over_vllm_hit"] <= targets["ttft_kvtier_over_vllm_hit"]
            and figures["decode_kvtier_over_none"] >= targets["decode_kvtier_over_none"])
@@ -257,22 +270,105 @@ def main() -> None:
                       "targets": targets, "met": met}))
 
 
-def report(ttft: list[dict[str, float]], with_kvtier: list[float], without: list[float],
-           stepped: list[tuple[float, float]], args: argparse.Namespace,
-           targets: dict[str, float]) -> dict[str, Any]:
-    """Print the table; return the figures (medians of per-turn or per-round ratios)."""
+def run_half(args: argparse.Namespace, model: Path, out: Path, first: str) -> dict[str, Any]:
+    """Half the decoding rounds in a fresh child process whose ``first`` engine ("kvtier"
+    or "bare") is built first (:func:`decode_half`); its stepped seconds and whole-run rates."""
+    rounds = max(1, args.decode_rounds // 2)
+    command = [sys.executable, __file__, "--decode-half", first, "--model-dir", str(model),
+               "--decode-out", str(out), "--decode-rounds", str(rounds),
+               "--batch", str(args.batch), "--decode-tokens", str(args.decode_tokens),
+               "--prompt-tokens", str(args.prompt_tokens)]
+    if args.control:
+        command.append("--control")
+    print(f"decoding: {rounds} rounds, {first}'s engine built first (child process)",
+          file=sys.stderr, flush=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    half: dict[str, Any] = json.loads(out.read_text())
+    return half
+
+
+def decode_half(args: argparse.Namespace, max_len: int, num_blocks: int) -> None:
+    """The child of :func:`run_half`: both engines built (``--decode-half`` names the first),
+    warmed the same way, then ``--decode-rounds`` rounds; written to ``--decode-out``."""
+    model, kvtier = Path(args.model_dir), not args.control
+
+    def build_bare() -> LLM:
+        with connector_cleared():
+            return start(model, max_len, num_blocks, connector=False)
+
+    if args.decode_half == "kvtier":
+        llm = start(model, max_len, num_blocks, connector=kvtier)
+        bare = build_bare()
+    else:
+        bare = build_bare()
+        llm = start(model, max_len, num_blocks, connector=kvtier)
+    with connector_cleared():
+        timed(bare, [prompt(999, 256)], 4)  # warm-up: first-call costs are not the engine's
+    timed(llm, [prompt(999, 256)], 4)
+    with_kvtier, without, stepped = [], [], []
+    for r in range(args.decode_rounds):
+        seed = 100 + r + (0 if args.decode_half == "kvtier" else 1000)
+        stepped.append(decode_round(llm, bare, seed, args.batch, args.decode_tokens))
+        for connector in (r % 2 == 0, r % 2 == 1):  # alternating which runs first
+            if connector:
+                with_kvtier.append(decode_rate(llm, seed, args.batch, args.decode_tokens))
+            else:
+                with connector_cleared():
+                    without.append(decode_rate(bare, seed, args.batch, args.decode_tokens))
+    with connector_cleared():
+        stop(bare)
+    stop(llm)
+    Path(args.decode_out).write_text(json.dumps(
+        {"first": args.decode_half, "stepped": stepped, "with": with_kvtier,
+         "without": without}))
+
+
+def decode_figures(halves: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    """The decoding figures of both halves: each half's median round ratio (bare / kvtier
+    seconds), and their geometric mean, which cancels a build-order effect."""
     med = statistics.median
-    tokens = args.batch * args.decode_tokens
-    figures = {
-        **vllm_hybrid.ttft_figures(ttft),
+    by_first = {h["first"]: [b / k for k, b in h["stepped"]] for h in halves}
+    stepped = [pair for h in halves for pair in h["stepped"]]
+    runs = [a / b for h in halves for a, b in zip(h["with"], h["without"], strict=True)]
+    first, second = med(by_first["kvtier"]), med(by_first["bare"])
+    return {
+        "decode_kvtier_over_none": math.sqrt(first * second),
+        "decode_kvtier_built_first": first,
+        "decode_kvtier_built_second": second,
         "decode_tok_s_kvtier": med(tokens / k for k, _ in stepped),
         "decode_tok_s_none": med(tokens / b for _, b in stepped),
-        "decode_kvtier_over_none": med(b / k for k, b in stepped),
-        "decode_ratios": [round(b / k, 3) for k, b in stepped],
-        "decode_runs_kvtier_over_none": med(
-            a / b for a, b in zip(with_kvtier, without, strict=True)),
-        "decode_runs_ratios": [round(a / b, 3)
-                               for a, b in zip(with_kvtier, without, strict=True)],
+        "decode_ratios": {f: [round(x, 3) for x in xs] for f, xs in by_first.items()},
+        "decode_runs_kvtier_over_none": med(runs),
+        "decode_runs_ratios": [round(x, 3) for x in runs],
+    }
+
+
+def control(halves: list[dict[str, Any]]) -> None:
+    """``--control``: both engines bare; the counterbalanced figure should be 1."""
+    figures = decode_figures(halves, 1)
+    ratio = figures["decode_kvtier_over_none"]
+    targets = {"decode_control_min": 0.99, "decode_control_max": 1.01}
+    print("control: no connector on either engine (the benchmark's fairness check)")
+    print(f"  engine in kvtier's place built first:  {figures['decode_kvtier_built_first']:.4f}")
+    print(f"  engine in kvtier's place built second: {figures['decode_kvtier_built_second']:.4f}")
+    print(f"  geometric mean (should be 1):          {ratio:.4f}")
+    print(json.dumps({"benchmark": "vllm_engine", "build": describe(),
+                      "figures": {"decode_control": ratio,
+                                  "decode_control_built_first":
+                                      figures["decode_kvtier_built_first"],
+                                  "decode_control_built_second":
+                                      figures["decode_kvtier_built_second"]},
+                      "targets": targets,
+                      "met": targets["decode_control_min"] <= ratio
+                      <= targets["decode_control_max"]}))
+
+
+def report(ttft: list[dict[str, float]], halves: list[dict[str, Any]],
+           args: argparse.Namespace, targets: dict[str, float]) -> dict[str, Any]:
+    """Print the table; return the figures (medians of per-turn or per-round ratios)."""
+    figures = {
+        **vllm_hybrid.ttft_figures(ttft),
+        **decode_figures(halves, args.batch * args.decode_tokens),
         "ttft_ratios": [round(t["kvtier"] / t["vllm-hit"], 3) for t in ttft],
     }
     print(f"vLLM CPU engine, Llama {LAYERS} layers x {HIDDEN} hidden, "
@@ -287,6 +383,8 @@ def report(ttft: list[dict[str, float]], with_kvtier: list[float], without: list
     print(f"decoding ({args.batch} x {args.decode_tokens} tokens, step by step in turn): "
           f"{figures['decode_tok_s_kvtier']:.1f} tok/s with kvtier storing, "
           f"{figures['decode_tok_s_none']:.1f} without a connector")
+    print(f"decoding, kvtier's engine built first {figures['decode_kvtier_built_first']:.4f}, "
+          f"second {figures['decode_kvtier_built_second']:.4f} (geometric mean below)")
     print(f"per round: decoding {figures['decode_ratios']}, warm/hit {figures['ttft_ratios']}")
     print(f"whole runs in turn (the earlier measure): decoding "
           f"{figures['decode_runs_kvtier_over_none']:.3f}, rounds {figures['decode_runs_ratios']}")
