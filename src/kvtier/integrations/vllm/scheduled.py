@@ -30,8 +30,7 @@ from kvtier.layout import Layout
 def scheduled_steps(out: Any, requests: dict[str, Any], layout: Layout) -> list[StepRequest]:
     """Each scheduled request's part of the step: new requests (and resumed ones) with
     their whole block table, the others with the blocks added this step. ``requests``:
-    vLLM's ``Request`` objects by id. The horizon leaves out the step's draft tokens, whose
-    KV the verification may reject."""
+    vLLM's ``Request`` objects by id."""
     offloads = offloads_of(out)
     drafts: dict[str, Any] = out.scheduled_spec_decode_tokens or {}
     num_scheduled: dict[str, int] = out.num_scheduled_tokens
@@ -51,12 +50,18 @@ def scheduled_steps(out: Any, requests: dict[str, Any], layout: Layout) -> list[
 def _step(req_id: str, block_ids: Any, full: bool, request: Any, num_scheduled: int,
           drafts: dict[str, Any], offloads: dict[str, list[tuple[int, int, int]]],
           layout: Layout) -> StepRequest:
+    found = offloads.get(req_id) if offloads else None
+    return StepRequest(req_id, block_ids, full, _horizon(req_id, request, num_scheduled, drafts),
+                       request.all_token_ids, state_blocks(layout, found) if found else ())
+
+
+def _horizon(req_id: str, request: Any, num_scheduled: int, drafts: dict[str, Any]) -> int:
+    """Tokens with KV once the step's forward ran: its draft tokens left out (the
+    verification may reject them)."""
     horizon: int = request.num_computed_tokens + num_scheduled
     if drafts:
         horizon -= len(drafts.get(req_id, ()))
-    found = offloads.get(req_id) if offloads else None
-    return StepRequest(req_id, block_ids, full, horizon, request.all_token_ids,
-                       state_blocks(layout, found) if found else ())
+    return horizon
 
 
 def continuing_horizons(out: Any, requests: dict[str, Any]) -> list[tuple[str, int]] | None:
@@ -77,10 +82,8 @@ def continuing_horizons(out: Any, requests: dict[str, Any]) -> list[tuple[str, i
     num_scheduled: dict[str, int] = out.num_scheduled_tokens
     horizons: list[tuple[str, int]] = []
     for req_id in cached.req_ids:
-        horizon: int = requests[req_id].num_computed_tokens + num_scheduled[req_id]
-        if drafts:
-            horizon -= len(drafts.get(req_id, ()))
-        horizons.append((req_id, horizon))
+        horizons.append((req_id, _horizon(req_id, requests[req_id], num_scheduled[req_id],
+                                          drafts)))
     return horizons
 
 
