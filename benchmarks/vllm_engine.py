@@ -33,14 +33,17 @@ sum of kvtier's (every step counted, those that plan and start stores included).
 Which engine a process builds first matters: with two engines that are the same (no
 connector on either, ``--control``), the one built first decoded 1.1-1.5% slower than the
 other in every process measured (ratios 0.983-0.986 with it on the kvtier side, 1.011-1.013
-with it on the bare side). So the decoding rounds run in two fresh child processes
-(:func:`decode_half`), one building kvtier's engine first and one building it second, half
-the rounds each; the figure is the geometric mean of the two halves' medians, which cancels
-an order effect that slows the first engine by a fixed factor. ``--control`` runs the same
-halves with no connector on either engine: the fairness check, whose figure should be 1
-(targets 0.99-1.01). ``decode_runs_kvtier_over_none`` keeps an earlier measure for comparison
-(whole generations timed, prefill subtracted, alternating run by run, median of the rounds'
-ratios, both halves together). Targets (issue 28), by build:
+with it on the bare side). So the decoding rounds run in ``--decode-processes`` fresh child
+processes (:func:`decode_half`; 4 by default, 2 in ``--quick``), half of them building
+kvtier's engine first and half building it second, the rounds shared out evenly; the figure
+is the geometric mean of the children's medians, which cancels an order effect that slows
+the first engine by a fixed factor. Between processes the figure also moves by up to 2% (how
+a process's memory happens to fall, it seems: each process's own rounds stay within about
+1%), hence more than one process per order. ``--control`` runs the same children with no
+connector on either engine: the fairness check, whose figure should be 1 (targets
+0.99-1.01). ``decode_runs_kvtier_over_none`` keeps an earlier measure for comparison (whole
+generations timed, prefill subtracted, alternating run by run, median of the rounds' ratios,
+every process's together). Targets (issue 28), by build:
 decoding with kvtier / without >= 0.95 pure, >= 0.98 compiled; kvtier/vllm-hit TTFT <= 1.5
 pure, <= 1.3 compiled; kvtier/cold TTFT <= 0.3. The last line is one JSON object.
 """
@@ -226,21 +229,30 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--decode-tokens", type=int, default=192)
     parser.add_argument("--quick", action="store_true",
-                        help="2 turns, 2000-token prompts, 4 decoding rounds of 96 tokens")
+                        help="2 turns, 2000-token prompts, 4 decoding rounds of 96 tokens "
+                             "in 2 processes")
     parser.add_argument("--control", action="store_true",
                         help="the fairness check: decoding only, no connector on either engine "
                              "(its figure should be 1)")
+    parser.add_argument("--decode-processes", type=int, default=4,
+                        help="child processes the decoding rounds are shared out over, half "
+                             "building kvtier's engine first (an even number, at least 2)")
     parser.add_argument("--decode-half", choices=["kvtier", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--decode-out", help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=["llama", "qwen3next"], default="llama",
                         help="qwen3next: a recurrent-state hybrid, TTFT only (vllm_hybrid.py)")
     args = parser.parse_args()
+    if args.decode_processes < 2 or args.decode_processes % 2:
+        parser.error(f"--decode-processes must be an even number of at least 2, "
+                     f"got {args.decode_processes}")
     if args.model == "qwen3next":
         vllm_hybrid.run(args, ttft_turn, timed, stop)
         return
     if args.quick:
         args.prompt_tokens, args.turns, args.decode_tokens, args.decode_rounds = 2000, 2, 96, 4
+        args.decode_processes = 2
     max_len = args.prompt_tokens + BLOCK_TOKENS
     num_blocks = 2 * (max_len // BLOCK_TOKENS + 1) + args.batch * 4
     if args.decode_half:
@@ -255,8 +267,9 @@ def main() -> None:
             timed(llm, [prompt(999, 256)], 4)  # warm-up: first-call costs are not the engine's
             ttft = [ttft_turn(llm, turn, args.prompt_tokens) for turn in range(args.turns)]
             stop(llm)
-        halves = [run_half(args, model, Path(tmp) / f"{first}.json", first)
-                  for first in ("kvtier", "bare")]
+        halves = [run_half(args, model, Path(tmp) / f"decode-{i}.json",
+                           ("kvtier", "bare")[i % 2], i)
+                  for i in range(args.decode_processes)]
 
     if args.control:
         control(halves)
@@ -270,17 +283,20 @@ def main() -> None:
                       "targets": targets, "met": met}))
 
 
-def run_half(args: argparse.Namespace, model: Path, out: Path, first: str) -> dict[str, Any]:
-    """Half the decoding rounds in a fresh child process whose ``first`` engine ("kvtier"
-    or "bare") is built first (:func:`decode_half`); its stepped seconds and whole-run rates."""
-    rounds = max(1, args.decode_rounds // 2)
+def run_half(args: argparse.Namespace, model: Path, out: Path, first: str, index: int
+             ) -> dict[str, Any]:
+    """The ``index``-th child's share of the decoding rounds, in a fresh process whose
+    ``first`` engine ("kvtier" or "bare") is built first (:func:`decode_half`); its stepped
+    seconds and whole-run rates."""
+    rounds = max(1, args.decode_rounds // args.decode_processes)
     command = [sys.executable, __file__, "--decode-half", first, "--model-dir", str(model),
                "--decode-out", str(out), "--decode-rounds", str(rounds),
                "--batch", str(args.batch), "--decode-tokens", str(args.decode_tokens),
-               "--prompt-tokens", str(args.prompt_tokens)]
+               "--prompt-tokens", str(args.prompt_tokens), "--seed", str(100 + 1000 * index)]
     if args.control:
         command.append("--control")
-    print(f"decoding: {rounds} rounds, {first}'s engine built first (child process)",
+    print(f"decoding, process {index + 1} of {args.decode_processes}: {rounds} rounds, "
+          f"{first}'s engine built first",
           file=sys.stderr, flush=True)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     half: dict[str, Any] = json.loads(out.read_text())
@@ -307,7 +323,7 @@ def decode_half(args: argparse.Namespace, max_len: int, num_blocks: int) -> None
     timed(llm, [prompt(999, 256)], 4)
     with_kvtier, without, stepped = [], [], []
     for r in range(args.decode_rounds):
-        seed = 100 + r + (0 if args.decode_half == "kvtier" else 1000)
+        seed = args.seed + r
         stepped.append(decode_round(llm, bare, seed, args.batch, args.decode_tokens))
         for connector in (r % 2 == 0, r % 2 == 1):  # alternating which runs first
             if connector:
@@ -324,17 +340,22 @@ def decode_half(args: argparse.Namespace, max_len: int, num_blocks: int) -> None
 
 
 def decode_figures(halves: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
-    """The decoding figures of both halves: each half's median round ratio (bare / kvtier
-    seconds), and their geometric mean, which cancels a build-order effect."""
+    """The decoding figures of the child processes: the geometric mean of their median
+    round ratios (bare / kvtier seconds), as many built kvtier's engine first as second,
+    which cancels a build-order effect; and the median of each order's rounds."""
     med = statistics.median
-    by_first = {h["first"]: [b / k for k, b in h["stepped"]] for h in halves}
+    per_process = [med(b / k for k, b in h["stepped"]) for h in halves]
+    by_first: dict[str, list[float]] = {"kvtier": [], "bare": []}
+    for h in halves:
+        by_first[h["first"]] += [b / k for k, b in h["stepped"]]
     stepped = [pair for h in halves for pair in h["stepped"]]
     runs = [a / b for h in halves for a, b in zip(h["with"], h["without"], strict=True)]
-    first, second = med(by_first["kvtier"]), med(by_first["bare"])
     return {
-        "decode_kvtier_over_none": math.sqrt(first * second),
-        "decode_kvtier_built_first": first,
-        "decode_kvtier_built_second": second,
+        "decode_kvtier_over_none": math.exp(statistics.fmean(map(math.log, per_process))),
+        "decode_kvtier_built_first": med(by_first["kvtier"]),
+        "decode_kvtier_built_second": med(by_first["bare"]),
+        "decode_process_medians": [(h["first"], round(m, 4))
+                                   for h, m in zip(halves, per_process, strict=True)],
         "decode_tok_s_kvtier": med(tokens / k for k, _ in stepped),
         "decode_tok_s_none": med(tokens / b for _, b in stepped),
         "decode_ratios": {f: [round(x, 3) for x in xs] for f, xs in by_first.items()},
@@ -384,7 +405,8 @@ def report(ttft: list[dict[str, float]], halves: list[dict[str, Any]],
           f"{figures['decode_tok_s_kvtier']:.1f} tok/s with kvtier storing, "
           f"{figures['decode_tok_s_none']:.1f} without a connector")
     print(f"decoding, kvtier's engine built first {figures['decode_kvtier_built_first']:.4f}, "
-          f"second {figures['decode_kvtier_built_second']:.4f} (geometric mean below)")
+          f"second {figures['decode_kvtier_built_second']:.4f}; per process "
+          f"{figures['decode_process_medians']} (their geometric mean below)")
     print(f"per round: decoding {figures['decode_ratios']}, warm/hit {figures['ttft_ratios']}")
     print(f"whole runs in turn (the earlier measure): decoding "
           f"{figures['decode_runs_kvtier_over_none']:.3f}, rounds {figures['decode_runs_ratios']}")
