@@ -372,13 +372,15 @@ def control(halves: list[dict[str, Any]]) -> None:
     print("control: no connector on either engine (the benchmark's fairness check)")
     print(f"  engine in kvtier's place built first:  {figures['decode_kvtier_built_first']:.4f}")
     print(f"  engine in kvtier's place built second: {figures['decode_kvtier_built_second']:.4f}")
+    print(f"  per process: {figures['decode_process_medians']}")
     print(f"  geometric mean (should be 1):          {ratio:.4f}")
     print(json.dumps({"benchmark": "vllm_engine", "build": describe(),
                       "figures": {"decode_control": ratio,
                                   "decode_control_built_first":
                                       figures["decode_kvtier_built_first"],
                                   "decode_control_built_second":
-                                      figures["decode_kvtier_built_second"]},
+                                      figures["decode_kvtier_built_second"],
+                                  "decode_process_medians": figures["decode_process_medians"]},
                       "targets": targets,
                       "met": targets["decode_control_min"] <= ratio
                       <= targets["decode_control_max"]}))
