@@ -34,7 +34,7 @@ Which engine a process builds first matters: with two engines that are the same 
 connector on either, ``--control``), the one built first decoded 1.1-1.5% slower than the
 other in every process measured (ratios 0.983-0.986 with it on the kvtier side, 1.011-1.013
 with it on the bare side). So the decoding rounds run in ``--decode-processes`` fresh child
-processes (:func:`decode_half`; 4 by default, 2 in ``--quick``), half of them building
+processes (:func:`decode_child`; 4 by default, 2 in ``--quick``), half of them building
 kvtier's engine first and half building it second, the rounds shared out evenly; the figure
 is the geometric mean of the children's medians, which cancels an order effect that slows
 the first engine by a fixed factor. Between processes the figure also moves by up to 2% (how
@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument("--decode-processes", type=int, default=4,
                         help="child processes the decoding rounds are shared out over, half "
                              "building kvtier's engine first (an even number, at least 2)")
-    parser.add_argument("--decode-half", choices=["kvtier", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--decode-first", choices=["kvtier", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--decode-out", help=argparse.SUPPRESS)
@@ -255,8 +255,8 @@ def main() -> None:
         args.decode_processes = 2
     max_len = args.prompt_tokens + BLOCK_TOKENS
     num_blocks = 2 * (max_len // BLOCK_TOKENS + 1) + args.batch * 4
-    if args.decode_half:
-        decode_half(args, max_len, num_blocks)
+    if args.decode_first:
+        decode_child(args, max_len, num_blocks)
         return
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,15 +267,15 @@ def main() -> None:
             timed(llm, [prompt(999, 256)], 4)  # warm-up: first-call costs are not the engine's
             ttft = [ttft_turn(llm, turn, args.prompt_tokens) for turn in range(args.turns)]
             stop(llm)
-        halves = [run_half(args, model, Path(tmp) / f"decode-{i}.json",
+        children = [run_child(args, model, Path(tmp) / f"decode-{i}.json",
                            ("kvtier", "bare")[i % 2], i)
                   for i in range(args.decode_processes)]
 
     if args.control:
-        control(halves)
+        control(children)
         return
     targets = TARGETS[build()]
-    figures = report(ttft, halves, args, targets)
+    figures = report(ttft, children, args, targets)
     met = (figures["ttft_kvtier_over_cold"] <= targets["ttft_kvtier_over_cold"]
            and figures["ttft_kvtier_over_vllm_hit"] <= targets["ttft_kvtier_over_vllm_hit"]
            and figures["decode_kvtier_over_none"] >= targets["decode_kvtier_over_none"])
@@ -283,13 +283,13 @@ def main() -> None:
                       "targets": targets, "met": met}))
 
 
-def run_half(args: argparse.Namespace, model: Path, out: Path, first: str, index: int
+def run_child(args: argparse.Namespace, model: Path, out: Path, first: str, index: int
              ) -> dict[str, Any]:
     """The ``index``-th child's share of the decoding rounds, in a fresh process whose
-    ``first`` engine ("kvtier" or "bare") is built first (:func:`decode_half`); its stepped
+    ``first`` engine ("kvtier" or "bare") is built first (:func:`decode_child`); its stepped
     seconds and whole-run rates."""
     rounds = max(1, args.decode_rounds // args.decode_processes)
-    command = [sys.executable, __file__, "--decode-half", first, "--model-dir", str(model),
+    command = [sys.executable, __file__, "--decode-first", first, "--model-dir", str(model),
                "--decode-out", str(out), "--decode-rounds", str(rounds),
                "--batch", str(args.batch), "--decode-tokens", str(args.decode_tokens),
                "--prompt-tokens", str(args.prompt_tokens), "--seed", str(100 + 1000 * index)]
@@ -299,12 +299,12 @@ def run_half(args: argparse.Namespace, model: Path, out: Path, first: str, index
           f"{first}'s engine built first",
           file=sys.stderr, flush=True)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    half: dict[str, Any] = json.loads(out.read_text())
-    return half
+    child: dict[str, Any] = json.loads(out.read_text())
+    return child
 
 
-def decode_half(args: argparse.Namespace, max_len: int, num_blocks: int) -> None:
-    """The child of :func:`run_half`: both engines built (``--decode-half`` names the first),
+def decode_child(args: argparse.Namespace, max_len: int, num_blocks: int) -> None:
+    """The child of :func:`run_child`: both engines built (``--decode-first`` names the first),
     warmed the same way, then ``--decode-rounds`` rounds; written to ``--decode-out``."""
     model, kvtier = Path(args.model_dir), not args.control
 
@@ -312,7 +312,7 @@ def decode_half(args: argparse.Namespace, max_len: int, num_blocks: int) -> None
         with connector_cleared():
             return start(model, max_len, num_blocks, connector=False)
 
-    if args.decode_half == "kvtier":
+    if args.decode_first == "kvtier":
         llm = start(model, max_len, num_blocks, connector=kvtier)
         bare = build_bare()
     else:
@@ -335,27 +335,27 @@ def decode_half(args: argparse.Namespace, max_len: int, num_blocks: int) -> None
         stop(bare)
     stop(llm)
     Path(args.decode_out).write_text(json.dumps(
-        {"first": args.decode_half, "stepped": stepped, "with": with_kvtier,
+        {"first": args.decode_first, "stepped": stepped, "with": with_kvtier,
          "without": without}))
 
 
-def decode_figures(halves: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+def decode_figures(children: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     """The decoding figures of the child processes: the geometric mean of their median
     round ratios (bare / kvtier seconds), as many built kvtier's engine first as second,
     which cancels a build-order effect; and the median of each order's rounds."""
     med = statistics.median
-    per_process = [med(b / k for k, b in h["stepped"]) for h in halves]
+    per_process = [med(b / k for k, b in h["stepped"]) for h in children]
     by_first: dict[str, list[float]] = {"kvtier": [], "bare": []}
-    for h in halves:
+    for h in children:
         by_first[h["first"]] += [b / k for k, b in h["stepped"]]
-    stepped = [pair for h in halves for pair in h["stepped"]]
-    runs = [a / b for h in halves for a, b in zip(h["with"], h["without"], strict=True)]
+    stepped = [pair for h in children for pair in h["stepped"]]
+    runs = [a / b for h in children for a, b in zip(h["with"], h["without"], strict=True)]
     return {
         "decode_kvtier_over_none": math.exp(statistics.fmean(map(math.log, per_process))),
         "decode_kvtier_built_first": med(by_first["kvtier"]),
         "decode_kvtier_built_second": med(by_first["bare"]),
         "decode_process_medians": [(h["first"], round(m, 4))
-                                   for h, m in zip(halves, per_process, strict=True)],
+                                   for h, m in zip(children, per_process, strict=True)],
         "decode_tok_s_kvtier": med(tokens / k for k, _ in stepped),
         "decode_tok_s_none": med(tokens / b for _, b in stepped),
         "decode_ratios": {f: [round(x, 3) for x in xs] for f, xs in by_first.items()},
@@ -364,9 +364,9 @@ def decode_figures(halves: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     }
 
 
-def control(halves: list[dict[str, Any]]) -> None:
+def control(children: list[dict[str, Any]]) -> None:
     """``--control``: both engines bare; the counterbalanced figure should be 1."""
-    figures = decode_figures(halves, 1)
+    figures = decode_figures(children, 1)
     ratio = figures["decode_kvtier_over_none"]
     targets = {"decode_control_min": 0.99, "decode_control_max": 1.01}
     print("control: no connector on either engine (the benchmark's fairness check)")
@@ -386,12 +386,12 @@ def control(halves: list[dict[str, Any]]) -> None:
                       <= targets["decode_control_max"]}))
 
 
-def report(ttft: list[dict[str, float]], halves: list[dict[str, Any]],
+def report(ttft: list[dict[str, float]], children: list[dict[str, Any]],
            args: argparse.Namespace, targets: dict[str, float]) -> dict[str, Any]:
     """Print the table; return the figures (medians of per-turn or per-round ratios)."""
     figures = {
         **vllm_hybrid.ttft_figures(ttft),
-        **decode_figures(halves, args.batch * args.decode_tokens),
+        **decode_figures(children, args.batch * args.decode_tokens),
         "ttft_ratios": [round(t["kvtier"] / t["vllm-hit"], 3) for t in ttft],
     }
     print(f"vLLM CPU engine, Llama {LAYERS} layers x {HIDDEN} hidden, "
