@@ -72,3 +72,41 @@ def test_a_benchmark_that_hangs_fails(runner, tmp_path):
     script = _script(tmp_path, "hangs", "import threading; threading.Event().wait()")
     outcome = runner.run(script, sys.executable, timeout_s=0.5)
     assert outcome.error == "still running after 0.5 s"
+
+
+@pytest.fixture(scope="module")
+def figures():
+    spec = importlib.util.spec_from_file_location("decode_figures", BENCH / "decode_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _child(first, ratio, rounds=5):
+    """A child process's rounds, each with kvtier at 1 s and the bare engine at ``ratio``."""
+    return {"first": first, "stepped": [(1.0, ratio)] * rounds,
+            "with": [1.0] * rounds, "without": [1.0] * rounds}
+
+
+def test_decoding_figure_cancels_a_build_order_effect(figures):
+    """vllm_engine's decoding figure: a true cost of 2%, and the first-built engine 1.5%
+    slower whichever it is; counterbalanced children give the true cost, where children that
+    mostly build kvtier's engine first do not."""
+    true, order = 0.98, 1.015
+    fair = [_child("kvtier", true / order), _child("bare", true * order),
+            _child("kvtier", true / order), _child("bare", true * order)]
+    out = figures.decode_figures(fair, 768)
+    assert out["decode_kvtier_over_none"] == pytest.approx(true)
+    assert out["decode_kvtier_built_first"] == pytest.approx(true / order)
+    assert out["decode_kvtier_built_second"] == pytest.approx(true * order)
+    biased = [_child("kvtier", true / order)] * 3 + [_child("bare", true * order)]
+    assert figures.decode_figures(biased, 768)["decode_kvtier_over_none"] < true - 0.005
+
+
+def test_decoding_control_meets_only_near_one(figures, capsys):
+    import json
+
+    figures.control([_child("kvtier", 0.985), _child("bare", 1.0 / 0.985)])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["met"] is True
+    figures.control([_child("kvtier", 0.97), _child("bare", 0.99)])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["met"] is False

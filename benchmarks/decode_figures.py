@@ -1,0 +1,60 @@
+"""The decoding figures of ``vllm_engine.py``, from its child processes' rounds (a helper,
+not a benchmark): each child's median ratio of bare to kvtier decoding seconds, their
+geometric mean (as many children built kvtier's engine first as second, which cancels a
+build-order effect), and the ``--control`` report."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from typing import Any
+
+from kvtier.buildinfo import describe
+
+
+def decode_figures(children: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    """The decoding figures of the child processes: the geometric mean of their median
+    round ratios (bare / kvtier seconds), as many built kvtier's engine first as second,
+    which cancels a build-order effect; and the median of each order's rounds."""
+    med = statistics.median
+    per_process = [med(b / k for k, b in h["stepped"]) for h in children]
+    by_first: dict[str, list[float]] = {"kvtier": [], "bare": []}
+    for h in children:
+        by_first[h["first"]] += [b / k for k, b in h["stepped"]]
+    stepped = [pair for h in children for pair in h["stepped"]]
+    runs = [a / b for h in children for a, b in zip(h["with"], h["without"], strict=True)]
+    return {
+        "decode_kvtier_over_none": math.exp(statistics.fmean(map(math.log, per_process))),
+        "decode_kvtier_built_first": med(by_first["kvtier"]),
+        "decode_kvtier_built_second": med(by_first["bare"]),
+        "decode_process_medians": [(h["first"], round(m, 4))
+                                   for h, m in zip(children, per_process, strict=True)],
+        "decode_tok_s_kvtier": med(tokens / k for k, _ in stepped),
+        "decode_tok_s_none": med(tokens / b for _, b in stepped),
+        "decode_ratios": {f: [round(x, 3) for x in xs] for f, xs in by_first.items()},
+        "decode_runs_kvtier_over_none": med(runs),
+        "decode_runs_ratios": [round(x, 3) for x in runs],
+    }
+
+
+def control(children: list[dict[str, Any]]) -> None:
+    """``--control``: both engines bare; the counterbalanced figure should be 1."""
+    figures = decode_figures(children, 1)
+    ratio = figures["decode_kvtier_over_none"]
+    targets = {"decode_control_min": 0.99, "decode_control_max": 1.01}
+    print("control: no connector on either engine (the benchmark's fairness check)")
+    print(f"  engine in kvtier's place built first:  {figures['decode_kvtier_built_first']:.4f}")
+    print(f"  engine in kvtier's place built second: {figures['decode_kvtier_built_second']:.4f}")
+    print(f"  per process: {figures['decode_process_medians']}")
+    print(f"  geometric mean (should be 1):          {ratio:.4f}")
+    print(json.dumps({"benchmark": "vllm_engine", "build": describe(),
+                      "figures": {"decode_control": ratio,
+                                  "decode_control_built_first":
+                                      figures["decode_kvtier_built_first"],
+                                  "decode_control_built_second":
+                                      figures["decode_kvtier_built_second"],
+                                  "decode_process_medians": figures["decode_process_medians"]},
+                      "targets": targets,
+                      "met": targets["decode_control_min"] <= ratio
+                      <= targets["decode_control_max"]}))
