@@ -390,7 +390,6 @@ class ConnectorScheduler:
         return len(self.store.remove(list(self._ready)))
 
 
-
 def _table_ids(ids: BlockIds) -> list[int | None]:
     """vLLM's block ids as a planner block-table row: vLLM's null block 0 becomes None."""
     return list(map(_NULL_TO_NONE.get, ids, ids))
