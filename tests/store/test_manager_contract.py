@@ -3,11 +3,14 @@ protected keys, events, and random operation sequences checked after every step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from store_helpers import key, keys, make_store, store_ok
 
+from kvtier.keys import ChunkKey
 from kvtier.store import (
     POLICIES,
     ChunkState,
@@ -129,6 +132,38 @@ def test_events_in_order(policy_name: str) -> None:
     assert log.drain() == []
 
 
+class Batches:
+    """A batch subscriber that keeps each call's kind and copies of its keys and slots."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[EventKind, list[ChunkKey], list[int]]] = []
+
+    def __call__(self, kind: EventKind, ks: Sequence[ChunkKey], slots: Sequence[int]) -> None:
+        self.calls.append((kind, list(ks), list(slots)))
+
+    def flat(self) -> list[tuple[EventKind, ChunkKey, int]]:
+        return [(kind, k, s) for kind, ks, slots in self.calls
+                for k, s in zip(ks, slots, strict=True)]
+
+
+def test_batch_subscribers_get_each_change_once_with_all_its_chunks(policy_name: str) -> None:
+    store = make_store(policy_name, 2, future="abcdabcd")
+    log, batches = EventLog(), Batches()
+    store.subscribe(log)
+    stop = store.subscribe_batches(batches)
+    store_ok(store, keys("ab"))
+    store_ok(store, keys("cd"))  # a and b evicted by one change
+    store.remove(keys("c"))
+    store.remove(keys("e"))  # nothing removed: no call
+    assert [(kind, len(ks)) for kind, ks, _ in batches.calls] == [
+        (EventKind.STORED, 2), (EventKind.EVICTED, 2), (EventKind.STORED, 2),
+        (EventKind.REMOVED, 1)]
+    assert batches.flat() == [(e.kind, e.key, e.slot) for e in log.drain()]
+    stop()
+    store_ok(store, keys("e"))
+    assert len(batches.calls) == 4 and len(log.drain()) == 1
+
+
 def test_failed_store_is_never_visible(policy_name: str) -> None:
     store = make_store(policy_name, 2)
     log = EventLog()
@@ -172,6 +207,9 @@ class Driver:
 
     def __init__(self, policy_name: str) -> None:
         self.store = make_store(policy_name, 3, future=NAMES * 4)
+        self.log, self.batches = EventLog(), Batches()
+        self.store.subscribe(self.log)
+        self.store.subscribe_batches(self.batches)
         self.stores: list[StoreHandle] = []
         self.loads: list[LoadHandle] = []
 
@@ -209,6 +247,9 @@ class Driver:
             assert set(self.store.lookup(h.keys)) == {P}
         for h in self.stores:
             assert set(self.store.lookup(h.keys)) <= {W}
+        assert self.batches.flat() == [(e.kind, e.key, e.slot) for e in self.log.drain()]
+        assert all(ks for _, ks, _ in self.batches.calls)
+        self.batches.calls.clear()
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

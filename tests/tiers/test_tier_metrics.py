@@ -233,8 +233,10 @@ def test_a_missing_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyP
 def test_subscribe_tiers_tags_each_event_with_its_tier(tmp_path: Path) -> None:
     disk = DiskTier(tmp_path / "disk", 4 * (HEADER_BYTES + SLOT), SLOT, geometry=GEOMETRY)
     with TieredStore(ChunkStore(backend=HostSlab(2, SLOT, pin_memory=False)), [disk]) as store:
-        log = EventLog()
+        log, batches = EventLog(), []
         stop = store.subscribe_tiers(log)
+        stop_batches = store.subscribe_tier_batches(
+            lambda tier, kind, ks, slots: batches.append((tier, kind.value, list(ks))))
         for n in "abc":
             store_chunk(store, n)
         assert store.flush()
@@ -243,6 +245,8 @@ def test_subscribe_tiers_tags_each_event_with_its_tier(tmp_path: Path) -> None:
             ("host", "stored", key("a")), ("host", "stored", key("b")),
             ("host", "evicted", key("a")), ("host", "stored", key("c")),
             ("disk", "stored", key("a"))])
+        assert sorted((t, kind, k) for t, kind, ks in batches for k in ks) == sorted(seen)
         stop()
+        stop_batches()
         store_chunk(store, "d")
-        assert store.flush() and log.drain() == []
+        assert store.flush() and log.drain() == [] and len(batches) == 5

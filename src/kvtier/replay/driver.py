@@ -37,7 +37,7 @@ from kvtier.replay.store import DISK, HOST, ReplayStore
 from kvtier.replay.trace import TraceRequest
 from kvtier.replay.workload import ReplayConfig, Workload
 from kvtier.store import Policy
-from kvtier.store.results import EventKind, StoreEvent
+from kvtier.store.results import EventKind
 from kvtier.tiers.lower import LowerTier
 
 
@@ -125,7 +125,7 @@ class Driver:
         self.belady = store.policy if isinstance(store.policy, ReplayBelady) else None
         self._chunk_bytes = chunk_bytes_by_tag(config.layout)
         self._group_bytes = [g.bytes_per_chunk or 0 for g in config.layout.groups]
-        store.subscribe_tiers(self._on_tier_event)
+        store.subscribe_tier_batches(self._on_tier_batch)
         self._hits = HitPlans()  # block_hit's plans
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
@@ -209,13 +209,18 @@ class Driver:
         if self.belady is not None:
             self.belady.end(refs.keys)
 
-    def _on_tier_event(self, event: StoreEvent) -> None:
+    def _on_tier_batch(self, tier: str, kind: EventKind, keys: Sequence[ChunkKey],
+                       slots: Sequence[int]) -> None:
         """Count every chunk a tier writes, with its group's bytes (write amplification)."""
-        if event.kind is EventKind.STORED:  # ReplayStats.add_written, inlined: per chunk
-            tier, s = event.tier, self.stats
-            s.chunks_written_by_tier[tier] = s.chunks_written_by_tier.get(tier, 0) + 1
-            s.bytes_written_by_tier[tier] = (s.bytes_written_by_tier.get(tier, 0)
-                                             + self._chunk_bytes.get(event.key[:TAG_SIZE], 0))
+        if kind is not EventKind.STORED:
+            return
+        s, by_tag = self.stats, self._chunk_bytes
+        if len(by_tag) == 1:  # one group: every key carries its tag
+            written = len(keys) * next(iter(by_tag.values()))
+        else:
+            written = sum([by_tag.get(k[:TAG_SIZE], 0) for k in keys])
+        s.chunks_written_by_tier[tier] = s.chunks_written_by_tier.get(tier, 0) + len(keys)
+        s.bytes_written_by_tier[tier] = s.bytes_written_by_tier.get(tier, 0) + written
 
     def _count_refs(self, req: TraceRequest, refs: RequestRefs, reach: int) -> None:
         s = self.stats

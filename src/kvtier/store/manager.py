@@ -23,7 +23,8 @@ asynchronously, on the data plane, between a ``prepare_*`` and its ``complete_*`
   failure their slots are freed and they were never visible.
 * ``touch(keys)``: refreshes recency of ready keys (a hit that needs no load).
 * ``remove(keys)``: drops ready, unpinned keys (event REMOVED).
-* ``subscribe(callback)``: events (STORED, EVICTED, REMOVED) for observers.
+* ``subscribe(callback)``: events (STORED, EVICTED, REMOVED) for observers, one object a
+  chunk; ``subscribe_batches(callback)``: the same, one call per change with all its chunks.
 
 A ``complete_*`` given a stale, foreign, or already completed handle raises
 ``HandleError`` and changes nothing.
@@ -36,7 +37,8 @@ the one eviction loop (``_make_room``); the policy only picks victims.
 
 Threads: every public method holds ``self.lock``, one ``threading.RLock``; the engine's
 scheduler thread and transfer-completion threads may call concurrently. Subscribers run
-under the lock, in event order: keep them short and do not block in them.
+under the lock, in event order (a change's batch subscribers before its per-event ones):
+keep them short and do not block in them.
 
 A store is metadata-only (``ChunkStore(num_slots)``: slot numbers, no bytes; what the
 replay simulator uses) or backed by a tier (``ChunkStore(backend=HostSlab(...))``, or
@@ -60,7 +62,7 @@ import itertools
 import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
 from operator import invert
-from typing import NoReturn, cast
+from typing import NoReturn, TypeVar, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -80,6 +82,7 @@ from kvtier.store.offers import fingerprints
 from kvtier.store.pins import PinCounts
 from kvtier.store.policies import Policy
 from kvtier.store.results import (
+    BatchSubscriber,
     ChunkNotReadyError,
     ChunkState,
     EventKind,
@@ -95,6 +98,7 @@ _ABSENT, _WRITING, _READY, _PINNED = (
     ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY, ChunkState.PINNED,
 )
 _STORED, _EVICTED, _REMOVED = EventKind.STORED, EventKind.EVICTED, EventKind.REMOVED
+_T = TypeVar("_T")
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -134,6 +138,7 @@ class ChunkStore:
         self._stores: dict[int, StoreHandle] = {}
         self._ids = itertools.count(1)
         self._subscribers: list[Subscriber] = []
+        self._batch_subscribers: list[BatchSubscriber] = []
 
     # ---- queries -----------------------------------------------------------------------
 
@@ -352,17 +357,32 @@ class ChunkStore:
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call ``callback(event)`` for every event from now on; returns an unsubscribe."""
+        return self._add_subscriber(self._subscribers, callback)
+
+    def subscribe_batches(self, callback: BatchSubscriber) -> Callable[[], None]:
+        """Call ``callback(kind, keys, slots)`` once per change from now on, with every
+        chunk it stored, evicted or removed (``results.BatchSubscriber``): the events
+        ``subscribe`` gives, without an object per chunk, for subscribers that count or
+        copy on every store (a tiered store, the replay). Returns an unsubscribe."""
+        return self._add_subscriber(self._batch_subscribers, callback)
+
+    def _add_subscriber(self, subscribers: list[_T], callback: _T) -> Callable[[], None]:
         with self.lock:
-            self._subscribers.append(callback)
+            subscribers.append(callback)
 
         def unsubscribe() -> None:
             with self.lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
+                if callback in subscribers:
+                    subscribers.remove(callback)
 
         return unsubscribe
 
     def _emit(self, kind: EventKind, keys: Sequence[ChunkKey], slots: Sequence[int]) -> None:
+        if not keys:
+            return
+        if self._batch_subscribers:
+            for batch in list(self._batch_subscribers):
+                batch(kind, keys, slots)
         if not self._subscribers:
             return
         subscribers = list(self._subscribers)

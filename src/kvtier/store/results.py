@@ -9,7 +9,7 @@ plane can copy bytes to or from ``backend.view(slot)`` between the two calls.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -126,6 +126,12 @@ class StoreEvent:
 
 
 Subscriber = Callable[[StoreEvent], None]
+BatchSubscriber = Callable[[EventKind, Sequence[ChunkKey], Sequence[int]], None]
+"""Called once per change of a store with its kind and every chunk it changed: the keys
+and their slots, in event order (``ChunkStore.subscribe_batches``). The sequences are the
+store's own: read them during the call, never change or keep them."""
+TierBatchSubscriber = Callable[[str, EventKind, Sequence[ChunkKey], Sequence[int]], None]
+"""A ``BatchSubscriber`` told the tier's name first (``TieredStore.subscribe_tier_batches``)."""
 
 
 class EventLog:
@@ -158,6 +164,8 @@ class EventCounts:
     >>> counts = EventCounts()
     >>> counts(StoreEvent(EventKind.STORED, ChunkKey(bytes(40)), 0)); counts.fields()
     {'stored': 1, 'evicted': 0}
+    >>> counts.batch(EventKind.EVICTED, [ChunkKey(bytes(40))] * 2, [0, 1]); counts.fields()
+    {'stored': 1, 'evicted': 2}
     """
 
     __slots__ = ("_evicted", "_stored")
@@ -166,11 +174,14 @@ class EventCounts:
         self._stored = self._evicted = 0
 
     def __call__(self, event: StoreEvent) -> None:
-        kind = event.kind  # compared by identity: an enum's hash is a Python call
-        if kind is EventKind.STORED:
-            self._stored += 1
+        self.batch(event.kind, (event.key,), (event.slot,))
+
+    def batch(self, kind: EventKind, keys: Sequence[ChunkKey], slots: Sequence[int]) -> None:
+        """Count a batch of events (a ``BatchSubscriber``)."""
+        if kind is EventKind.STORED:  # compared by identity: an enum's hash is a Python call
+            self._stored += len(keys)
         elif kind is EventKind.EVICTED:
-            self._evicted += 1
+            self._evicted += len(keys)
 
     def fields(self) -> dict[str, int]:
         """As ``TierStats`` fields (a removal on request counts nowhere)."""

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
+from kvtier.store.results import BatchSubscriber, StoreEvent, Subscriber
 from kvtier.store.results import EventCounts as EventCounts  # moved there (compiled)
-from kvtier.store.results import StoreEvent, Subscriber
 
 if TYPE_CHECKING:
     from kvtier.store.manager import ChunkStore
@@ -184,6 +184,10 @@ class EventSource(Protocol):
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]: ...
 
+    def subscribe_batches(self, callback: BatchSubscriber) -> Callable[[], None]:
+        """The same events, one call per change (``ChunkStore.subscribe_batches``)."""
+        ...
+
 
 class IndexEvents:
     """``subscribe`` for a tier that indexes its chunks in a ``ChunkStore`` (``_index``):
@@ -201,6 +205,10 @@ class IndexEvents:
             callback(StoreEvent(event.kind, event.key, event.slot, name))
 
         return self._index.subscribe(forward)
+
+    def subscribe_batches(self, callback: BatchSubscriber) -> Callable[[], None]:
+        """Call ``callback(kind, keys, slots)`` once per change of the index from now on."""
+        return self._index.subscribe_batches(callback)
 
 
 class Workers:

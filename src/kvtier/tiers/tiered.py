@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, get_args
 
 from kvtier.keys import ChunkKey
@@ -62,10 +63,10 @@ from kvtier.store.results import (
     EventCounts,
     EventKind,
     LoadHandle,
-    StoreEvent,
     StoreHandle,
     StoreRefusal,
     Subscriber,
+    TierBatchSubscriber,
 )
 from kvtier.tiers.build import lower_tiers
 from kvtier.tiers.config import TierConfig, WritePolicy
@@ -129,7 +130,7 @@ class TieredStore:
         write. ``stats()`` adds the chunks stored (promotions too) and evicted."""
         self._started: dict[int, float] = {}  # live handle id -> perf_counter at prepare
         self._host_events = EventCounts()
-        host.subscribe(self._host_events)
+        host.subscribe_batches(self._host_events.batch)
         self._miss_ttl_s, self._clock = miss_ttl_s, clock
         self._fetching: set[ChunkKey] = set()  # being promoted: reported WRITING
         self._absent_until: dict[ChunkKey, float] = {}  # found nowhere: ABSENT until then
@@ -140,7 +141,7 @@ class TieredStore:
         self._due = EventKind.EVICTED if write_policy == "write-back" else EventKind.STORED
         """The event that sends a chunk's bytes down (module docstring)."""
         self._zeroed = self.backend.slot_bytes > 0  # a freed slot has bytes to zero
-        host.subscribe(self._on_host_event)
+        host.subscribe_batches(self._on_host_batch)
 
     @classmethod
     def from_config(
@@ -343,24 +344,38 @@ class TieredStore:
         (``lower.EventSource``: disk, metadata tiers), each with its tier's name in
         ``StoreEvent.tier``; a tier's events arrive on the thread that changed it. Redis
         publishes none: its evictions and expiries happen in the server, unseen."""
-        sources: list[Any] = [self.host, *(t for t in self.lower if isinstance(t, EventSource))]
-        stops = [source.subscribe(callback) for source in sources]
+        return self._subscribe_each([self.host.subscribe(callback), *(
+            t.subscribe(callback) for t in self.lower if isinstance(t, EventSource))])
 
+    def subscribe_tier_batches(self, callback: TierBatchSubscriber) -> Callable[[], None]:
+        """``subscribe_tiers``'s events one call per change of a tier, with its name first:
+        ``callback(tier, kind, keys, slots)`` (``ChunkStore.subscribe_batches``)."""
+        return self._subscribe_each([self.host.subscribe_batches(partial(callback, "host")),
+                                     *(t.subscribe_batches(partial(callback, t.name))
+                                       for t in self.lower if isinstance(t, EventSource))])
+
+    @staticmethod
+    def _subscribe_each(stops: list[Callable[[], None]]) -> Callable[[], None]:
         def unsubscribe() -> None:
             for stop in stops:
                 stop()
 
         return unsubscribe
 
-    def _on_host_event(self, event: StoreEvent) -> None:
+    def _on_host_batch(self, kind: EventKind, keys: Sequence[ChunkKey], slots: Sequence[int]
+                       ) -> None:
         """Host subscriber, under the host lock: copy bytes that must go down now, while the
-        slot still holds them (module docstring)."""
-        kind = event.kind
-        if kind is self._due and self.lower and event.key not in self._fetching:
-            self._down.copy(event.key, event.slot)
-            self._absent_until.pop(event.key, None)  # going down: worth fetching again
-        if kind is not EventKind.STORED and self._zeroed:
-            self._down.clear(event.slot)  # freed: none of its bytes may go down with the next
+        slots still hold them (module docstring); zero the slots a change freed."""
+        down = kind is self._due and bool(self.lower)
+        clear = kind is not EventKind.STORED and self._zeroed
+        if not (down or clear):
+            return
+        for key, slot in zip(keys, slots, strict=True):
+            if down and key not in self._fetching:
+                self._down.copy(key, slot)
+                self._absent_until.pop(key, None)  # going down: worth fetching again
+            if clear:
+                self._down.clear(slot)  # freed: none of its bytes may go down with the next
 
     # ---- observing, waiting, closing ---------------------------------------------------
 
