@@ -9,7 +9,6 @@ left, whose late completions are then ignored.
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable, Iterable
 
 from kvtier.keys import ChunkKey
@@ -24,7 +23,7 @@ class JobBook:
 
     def __init__(self, num_groups: int) -> None:
         self._jobs: dict[int, JobEntry] = {}
-        self._loading: Counter[ChunkKey] = Counter()  # keys in load jobs in flight
+        self._loading: dict[ChunkKey, int] = {}  # keys in load jobs in flight: counts
         self._fences = Fences(num_groups)
         self._cancelled: set[int] = set()
         self._ids = itertools.count(1)
@@ -37,7 +36,9 @@ class JobBook:
         blocks are fenced."""
         self._jobs[job.id] = (job, handle)
         if job.direction == "load":
-            self._loading.update(c.key for c in job.copies)
+            loading = self._loading  # a plain loop: Counter.update is interpreted
+            for c in job.copies:
+                loading[c.key] = loading.get(c.key, 0) + 1
         else:
             self._fences.add(job)
 
@@ -89,7 +90,7 @@ class JobBook:
         """Assert nothing is in flight: no jobs, fences or loads."""
         assert not self._jobs, f"{len(self._jobs)} jobs still in flight"
         assert not self._fences, f"{len(self._fences)} fences left"
-        assert not +self._loading, "loads still counted"
+        assert not self._loading, "loads still counted"
 
 
 class Fences:

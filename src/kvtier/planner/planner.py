@@ -29,9 +29,7 @@ import itertools
 import math
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
-from operator import itemgetter
 
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
@@ -280,7 +278,9 @@ class Planner:
         if not chunks:  # most decoding steps
             return
         self._count(req, "chunks_offered", len(chunks))
-        by_group = Counter(map(itemgetter(0), chunks))
+        by_group: dict[int, int] = {}  # a plain loop: Counter's counting is interpreted
+        for gi, _ in chunks:
+            by_group[gi] = by_group.get(gi, 0) + 1
         for m in (self.metrics, req.metrics):
             for gi, n in by_group.items():
                 m.chunks_offered_by_group[gi] = m.chunks_offered_by_group.get(gi, 0) + n
