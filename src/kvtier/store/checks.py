@@ -33,16 +33,26 @@ def take_handle(
 
 def parent_hint(
     ks: list[ChunkKey], parents: Sequence[object] | None
-) -> dict[ChunkKey, ChunkKey | None] | None:
-    """``key -> parent`` from ``prepare_store``'s hint (None without one); ValueError if
-    the hint does not give one 40-byte key or None per key."""
+) -> list[ChunkKey | None] | None:
+    """``prepare_store``'s hint as a list, one parent per key (None without one);
+    ValueError if it does not give one 40-byte key or None per key."""
     if parents is None:
         return None
     ps = list(parents)
     if len(ps) != len(ks):
         raise ValueError(f"prepare_store: {len(ps)} parents for {len(ks)} keys; give one each")
     checked_keys([p for p in ps if p is not None])
-    return dict(zip(ks, cast("list[ChunkKey | None]", ps), strict=True))
+    return cast("list[ChunkKey | None]", ps)
+
+
+def parents_of(offered: list[ChunkKey], hint: list[ChunkKey | None], new: list[ChunkKey]
+               ) -> tuple[ChunkKey | None, ...]:
+    """The hint's parents of ``new``, keys of ``offered`` (whose parents ``hint`` lists, in
+    order; a key offered twice takes its last parent)."""
+    if len(new) == len(offered) and new == offered:  # all of them: no dict to build
+        return tuple(hint)
+    by_key = dict(zip(offered, hint, strict=True))
+    return tuple([by_key[k] for k in new])
 
 
 def resolve_num_slots(num_slots: int | None, backend: SlotBackend | None) -> int:

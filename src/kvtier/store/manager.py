@@ -74,6 +74,7 @@ from kvtier.store.checks import (
     check_policy,
     check_slots,
     parent_hint,
+    parents_of,
     resolve_num_slots,
     resolve_policy,
     take_handle,
@@ -240,7 +241,7 @@ class ChunkStore:
         ``promote``: the keys come from a lower tier of this store's hierarchy, admitted
         when first stored: admission does not filter (nor count) them.
         """
-        ks = checked_keys(keys)
+        ks = given = checked_keys(keys)
         hint = parent_hint(ks, parents)
         if len(ks) > 1:
             ks = list(dict.fromkeys(ks))
@@ -267,7 +268,7 @@ class ChunkStore:
             hid = next(self._ids)
             handle = StoreHandle(
                 hid, tuple(new), self._reserve(new), skipped,
-                tuple([hint[k] for k in new]) if hint else (), tuple(declined),
+                parents_of(given, hint, new) if hint and new else (), tuple(declined),
             )
             self._stores[hid] = handle
             return handle
