@@ -57,3 +57,36 @@ def test_a_freed_block_past_the_first_span_drops_its_chunk() -> None:
     got = [c.chunk for c in binder.live(pending, [row, list(range(600))])]
     assert got == [0, 259, 261]
     assert got != [c for _, c in pending]  # negative control: the comparison sees the drop
+
+
+def _load_into(rows: list[object]) -> object:
+    """A hit of 48 tokens over LAYOUT loaded into block table ``rows``: its copies' block
+    ids, or the error the planner raised."""
+    from kvtier.keys import Namespace
+    from kvtier.planner import Planner
+    from kvtier.store import ChunkStore
+
+    planner = Planner(LAYOUT, ChunkStore(100), Namespace("t"))
+    tokens = list(range(50))
+    planner.add_request("p", tokens)
+    job = planner.on_computed("p", 50, [list(range(13)), list(range(13))])
+    assert job is not None
+    planner.complete_store(job.id, True)
+    planner.add_request("c", tokens)
+    assert planner.lookup("c").hit_tokens == 48
+    try:
+        load = planner.accept_hit("c", rows)  # type: ignore[arg-type]
+    except ValueError as e:
+        return f"ValueError: {e}"
+    return [(c.group, c.chunk, c.block_ids) for c in load.copies]
+
+
+@pytest.mark.parametrize("start", [0, 7, -1, -30])
+def test_a_row_given_as_a_range_loads_as_its_list(start: int) -> None:
+    """A range row (ids by arithmetic, as the replay's tables) takes a shortcut when the
+    binder checks what a row holds: the copies, or the refusal, are the list's."""
+    as_range = _load_into([range(start, start + 13), range(start + 20, start + 33)])
+    as_list = _load_into([list(range(start, start + 13)), list(range(start + 20, start + 33))])
+    assert as_range == as_list
+    if start >= 0:  # negative control: other ids give other copies
+        assert as_range != _load_into([range(start + 1, start + 14), range(20, 33)])

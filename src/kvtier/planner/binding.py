@@ -250,6 +250,8 @@ def _span_kind(table: BlockTable, gi: int, first: int, end: int) -> int:
     if gi >= len(table):
         return _ODD
     tail = table[gi][first:end]
+    if type(tail) is range:  # ids by arithmetic (the replay's tables): its ends bound it
+        return _INTS if not tail or min(tail[0], tail[-1]) >= 0 else _INTS_OR_NONE
     kinds = set(map(type, tail))
     if kinds == {int}:
         return _INTS if min(cast("Sequence[int]", tail)) >= 0 else _INTS_OR_NONE
