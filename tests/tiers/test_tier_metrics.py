@@ -20,10 +20,11 @@ from kvtier.layout import Group, Layout
 from kvtier.metrics import register
 from kvtier.metrics.names import TIER_COUNTERS, TIER_HISTOGRAMS
 from kvtier.planner import Planner
-from kvtier.store import ChunkStore, EventLog, StoreRefusal
+from kvtier.store import ChunkStore, EventKind, EventLog, StoreEvent, StoreRefusal
 from kvtier.tiers.disk.directory import record_path
 from kvtier.tiers.disk.tier import DiskTier
 from kvtier.tiers.host import HostSlab
+from kvtier.tiers.lower import EventSource, subscribe_batches
 from kvtier.tiers.records.format import HEADER_BYTES
 from kvtier.tiers.redis.tier import RedisTier
 from kvtier.tiers.tiered import TieredStore
@@ -250,3 +251,29 @@ def test_subscribe_tiers_tags_each_event_with_its_tier(tmp_path: Path) -> None:
         stop_batches()
         store_chunk(store, "d")
         assert store.flush() and log.drain() == [] and len(batches) == 5
+
+
+class _OneByOne:
+    """A tier of someone else's that publishes events one by one (``EventSource``)."""
+
+    name = "theirs"
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[StoreEvent], None]] = []
+
+    def subscribe(self, callback: Callable[[StoreEvent], None]) -> Callable[[], None]:
+        self.callbacks.append(callback)
+        return lambda: self.callbacks.remove(callback)
+
+
+def test_a_tier_without_batches_is_subscribed_one_event_a_batch() -> None:
+    tier, seen = _OneByOne(), []
+    assert isinstance(tier, EventSource)
+    stop = subscribe_batches(tier, lambda kind, ks, slots: seen.append((kind, list(ks),
+                                                                        list(slots))))
+    for callback in tier.callbacks:
+        callback(StoreEvent(EventKind.STORED, key("a"), 3, "theirs"))
+        callback(StoreEvent(EventKind.EVICTED, key("b"), 4, "theirs"))
+    assert seen == [(EventKind.STORED, [key("a")], [3]), (EventKind.EVICTED, [key("b")], [4])]
+    stop()
+    assert tier.callbacks == []

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
@@ -184,9 +184,15 @@ class EventSource(Protocol):
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]: ...
 
-    def subscribe_batches(self, callback: BatchSubscriber) -> Callable[[], None]:
-        """The same events, one call per change (``ChunkStore.subscribe_batches``)."""
-        ...
+
+def subscribe_batches(source: EventSource, callback: BatchSubscriber) -> Callable[[], None]:
+    """``source``'s events, one call per change: through its own ``subscribe_batches``
+    where it has one (``IndexEvents``), else each event as a batch of one (a tier of
+    someone else's that publishes events one by one)."""
+    batches = getattr(source, "subscribe_batches", None)
+    if batches is not None:
+        return cast("Callable[[], None]", batches(callback))
+    return source.subscribe(lambda e: callback(e.kind, (e.key,), (e.slot,)))
 
 
 class IndexEvents:

@@ -71,7 +71,7 @@ from kvtier.store.results import (
 from kvtier.tiers.build import lower_tiers
 from kvtier.tiers.config import TierConfig, WritePolicy
 from kvtier.tiers.host import host_store
-from kvtier.tiers.lower import EventSource, LowerTier, TierStats
+from kvtier.tiers.lower import EventSource, LowerTier, TierStats, subscribe_batches
 from kvtier.tiers.records.format import geometry_of
 from kvtier.tiers.writedown import Background, WriteDown
 
@@ -351,7 +351,7 @@ class TieredStore:
         """``subscribe_tiers``'s events one call per change of a tier, with its name first:
         ``callback(tier, kind, keys, slots)`` (``ChunkStore.subscribe_batches``)."""
         return self._subscribe_each([self.host.subscribe_batches(partial(callback, "host")),
-                                     *(t.subscribe_batches(partial(callback, t.name))
+                                     *(subscribe_batches(t, partial(callback, t.name))
                                        for t in self.lower if isinstance(t, EventSource))])
 
     @staticmethod
