@@ -4,9 +4,12 @@ hand-worked sequences. The contract suite (test_manager_contract.py) runs agains
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from store_helpers import key, keys, make_store, store_ok
 
 from kvtier.store import POLICIES, ChunkState, ChunkStore, StoreHandle
+from kvtier.store.admission import Admission
 from kvtier.store.policies import LRU, PrefixFrequency
 from kvtier.store.policies.pfreq import FrequencySketch
 
@@ -99,6 +102,28 @@ def test_store_passes_parents_for_the_new_keys_only() -> None:
     assert handle.keys == tuple(keys("cd")) and handle.parents == (key("b"), key("c"))
     store.complete_store(handle, ok=True)
     assert store.lookup(keys("abcd")) == [R, R, R, R]
+    store.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=6),
+                          st.lists(st.sampled_from("abcdefgh") | st.none(), min_size=6,
+                                   max_size=6)), min_size=1, max_size=8),
+       st.integers(1, 2))
+def test_each_stored_key_gets_its_own_parent(offers: list[tuple[list[str], list[str | None]]],
+                                            after: int) -> None:
+    """Whatever is skipped (stored before), declined (admission) or offered twice (its last
+    parent), a handle's parents are those the hint gave its keys."""
+    store = ChunkStore(6, policy="pfreq", admission=Admission(after))
+    for names, parent_names in offers:
+        parents = [None if n is None else key(n) for n in parent_names[: len(names)]]
+        handle = store.prepare_store(keys(names), parents=parents)
+        if not isinstance(handle, StoreHandle):
+            continue
+        given = dict(zip(keys(names), parents, strict=True))  # a key's last parent
+        assert handle.parents == tuple(given[k] for k in handle.keys)
+        assert handle.parents or not handle.keys
+        store.complete_store(handle, ok=True)
     store.check_invariants()
 
 

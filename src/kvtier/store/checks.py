@@ -45,12 +45,22 @@ def parent_hint(
     return cast("list[ChunkKey | None]", ps)
 
 
-def parents_of(offered: list[ChunkKey], hint: list[ChunkKey | None], new: list[ChunkKey]
-               ) -> tuple[ChunkKey | None, ...]:
-    """The hint's parents of ``new``, keys of ``offered`` (whose parents ``hint`` lists, in
-    order; a key offered twice takes its last parent)."""
-    if len(new) == len(offered) and new == offered:  # all of them: no dict to build
+def parents_of(offered: list[ChunkKey], hint: list[ChunkKey | None], new: list[ChunkKey],
+               distinct: bool) -> tuple[ChunkKey | None, ...]:
+    """The hint's parents of ``new``, keys of ``offered`` in its order (whose parents
+    ``hint`` lists, in order; a key offered twice takes its last parent). ``distinct``:
+    no key is offered twice."""
+    if len(new) == len(offered) and new == offered:  # all of them
         return tuple(hint)
+    if distinct:  # ``new`` is a subsequence of ``offered``: walked, nothing hashed
+        out: list[ChunkKey | None] = []
+        j, n = 0, len(new)
+        for k, parent in zip(offered, hint, strict=True):
+            if j < n and k == new[j]:
+                out.append(parent)
+                j += 1
+        if j == n:
+            return tuple(out)
     by_key = dict(zip(offered, hint, strict=True))
     return tuple([by_key[k] for k in new])
 

@@ -266,9 +266,10 @@ class ChunkStore:
             if offers is not None:
                 offers.record(offered, fps)
             hid = next(self._ids)
+            parents = (parents_of(given, hint, new, len(ks) == len(given)) if hint and new
+                       else ())
             handle = StoreHandle(
-                hid, tuple(new), self._reserve(new), skipped,
-                parents_of(given, hint, new) if hint and new else (), tuple(declined),
+                hid, tuple(new), self._reserve(new), skipped, parents, tuple(declined),
             )
             self._stores[hid] = handle
             return handle

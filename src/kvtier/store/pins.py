@@ -7,7 +7,6 @@ counted at all: they are counted from the live load handles only when asked (``c
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 
 from kvtier.keys import ChunkKey
@@ -36,10 +35,11 @@ class PinCounts:
     def counts(self, loads: Mapping[int, LoadHandle]) -> dict[ChunkKey, int]:
         """Live loads per pinned key, counted from the live load handles if not yet."""
         if self._pins is None:
-            counts: Counter[ChunkKey] = Counter()
+            counts: dict[ChunkKey, int] = {}  # a plain loop: Counter's counting is interpreted
             for h in loads.values():
-                counts.update(h.keys)
-            self._pins = dict(counts)
+                for k in h.keys:
+                    counts[k] = counts.get(k, 0) + 1
+            self._pins = counts
         return self._pins
 
     def unpin(self, keys: tuple[ChunkKey, ...], loads: Mapping[int, LoadHandle]) -> None:
