@@ -194,7 +194,8 @@ class ChunkBinder:
         copies = []
         slots = dict(zip(hit.handle.keys, hit.handle.slots, strict=True))
         for gi, group in enumerate(self.layout.groups):
-            runs = coverage.load_set(group, hit.lookup.hit_tokens, hit.on_device)
+            runs = coverage.layout_load_set(self.layout, gi, hit.lookup.hit_tokens,
+                                            hit.on_device)
             bpc, kind, row = group.blocks_per_chunk, _ODD, None
             if runs:  # runs ascend: the row is checked once, from the first run to the last
                 last = runs[-1]
