@@ -90,3 +90,5 @@ def test_a_row_given_as_a_range_loads_as_its_list(start: int) -> None:
     assert as_range == as_list
     if start >= 0:  # negative control: other ids give other copies
         assert as_range != _load_into([range(start + 1, start + 14), range(20, 33)])
+    descending = [range(start + 12, start - 1, -1), range(start + 32, start + 19, -1)]
+    assert _load_into(descending) == _load_into([list(r) for r in descending])
