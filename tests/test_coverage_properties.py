@@ -360,17 +360,3 @@ def test_whole_prompt_hit_worked_examples() -> None:
     eagle = Layout((Group("full", 16, 4), Group("full", 16, 4, lookahead=1)))
     assert not coverage.whole_prompt_hit(eagle, 256)
 
-
-@settings(max_examples=150, deadline=None)
-@given(layouts(), st.integers(0, 2000), st.integers(0, 2000), st.data())
-def test_a_layouts_cached_load_set_is_its_groups(layout: Layout, b: int, on_device: int,
-                                                 data) -> None:
-    """``layout_load_set`` (cached per layout, group and boundary) gives each group's own
-    ``load_set``, whatever other layouts were asked before."""
-    for gi, group in enumerate(layout.groups):
-        held = min(on_device, b) // group.tokens_per_block * group.tokens_per_block
-        assert coverage.layout_load_set(layout, gi, b, held) == coverage.load_set(
-            group, b, held)
-    other = Layout((Group("sliding_window", 16, 1, window=32),))
-    assert coverage.layout_load_set(other, 0, 512) == coverage.load_set(other.groups[0], 512)
-    assert coverage.layout_load_set(other, 0, 512) != coverage.load_set(Group("full", 16), 512)

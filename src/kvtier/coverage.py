@@ -72,7 +72,6 @@ __all__ = [
     "dense_delta",
     "first_boundary",
     "hits_served",
-    "layout_load_set",
     "load_chunks",
     "load_set",
     "needs_predecessor",
@@ -310,14 +309,6 @@ def load_set(group: Group, b: int, on_device: int = 0) -> tuple[BlockRun, ...]:
         hi = min(keep.stop, (chunk + 1) * bpc)
         runs.append(BlockRun(chunk, lo - chunk * bpc, hi - lo))
     return tuple(runs)
-
-
-@functools.lru_cache(maxsize=4096)
-def layout_load_set(layout: Layout, group_index: int, b: int, on_device: int = 0
-                    ) -> tuple[BlockRun, ...]:
-    """``load_set`` of one group of ``layout``, cached: every hit at the same boundary
-    loads the same runs (a planner's load job, per group), built once."""
-    return load_set(layout.groups[group_index], b, on_device)
 
 
 def store_blocks(layout: Layout, group_index: int, chunk: int) -> BlockRun:

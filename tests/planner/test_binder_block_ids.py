@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from kvtier import coverage
 from kvtier.layout import Group, Layout
-from kvtier.planner.binding import ChunkBinder
+from kvtier.planner.binding import ChunkBinder, load_runs
 from kvtier.planner.requests import block_ids_at
+from strategies import layouts
 
 LAYOUT = Layout((Group("full", 4, 2), Group("sliding_window", 4, 2, window=6)))
 ID = st.one_of(st.integers(0, 50), st.just(None), st.just(-1), st.sampled_from([True, 2.5]))
@@ -92,3 +93,17 @@ def test_a_row_given_as_a_range_loads_as_its_list(start: int) -> None:
         assert as_range != _load_into([range(start + 1, start + 14), range(20, 33)])
     descending = [range(start + 12, start - 1, -1), range(start + 32, start + 19, -1)]
     assert _load_into(descending) == _load_into([list(r) for r in descending])
+
+
+@settings(max_examples=150, deadline=None)
+@given(layouts(), st.integers(0, 2000), st.integers(0, 2000))
+def test_a_layouts_cached_load_runs_are_its_groups_load_sets(layout: Layout, b: int,
+                                                             on_device: int) -> None:
+    """``load_runs`` (cached per layout, group and boundary) gives each group's own
+    ``coverage.load_set``, whatever layouts were asked before."""
+    for gi, group in enumerate(layout.groups):
+        held = min(on_device, b) // group.tokens_per_block * group.tokens_per_block
+        assert load_runs(layout, gi, b, held) == coverage.load_set(group, b, held)
+    other = Layout((Group("sliding_window", 16, 1, window=32),))
+    assert load_runs(other, 0, 512) == coverage.load_set(other.groups[0], 512)
+    assert load_runs(other, 0, 512) != coverage.load_set(Group("full", 16), 512)

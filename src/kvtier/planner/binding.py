@@ -9,6 +9,7 @@ blocks while a store job reads them are the job book's (``kvtier.planner.jobs``)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import cast
 
@@ -17,6 +18,7 @@ from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
 from kvtier.planner.requests import PendingHit, RequestState, block_ids_at, load_block_ids
 from kvtier.planner.types import PlannedCopy
+from kvtier.retention import BlockRun
 from kvtier.store.results import StoreHandle
 
 BlockTable = Sequence[Sequence[int | None]]
@@ -194,8 +196,7 @@ class ChunkBinder:
         copies = []
         slots = dict(zip(hit.handle.keys, hit.handle.slots, strict=True))
         for gi, group in enumerate(self.layout.groups):
-            runs = coverage.layout_load_set(self.layout, gi, hit.lookup.hit_tokens,
-                                            hit.on_device)
+            runs = load_runs(self.layout, gi, hit.lookup.hit_tokens, hit.on_device)
             bpc, kind, row = group.blocks_per_chunk, _ODD, None
             if runs:  # runs ascend: the row is checked once, from the first run to the last
                 last = runs[-1]
@@ -216,6 +217,14 @@ class ChunkBinder:
         """The layout's bytes of ``copies`` (0 for a group that gives no bytes per token)."""
         per = self._chunk_bytes
         return sum([per[c.group] for c in copies])
+
+
+@functools.lru_cache(maxsize=4096)
+def load_runs(layout: Layout, group_index: int, b: int, on_device: int = 0
+              ) -> tuple[BlockRun, ...]:
+    """``coverage.load_set`` of one group of ``layout``, cached: every hit at the same
+    boundary loads the same runs, built once rather than per load job."""
+    return coverage.load_set(layout.groups[group_index], b, on_device)
 
 
 def _subsequence(keys: Sequence[ChunkKey], wanted: Sequence[ChunkKey]) -> list[int] | None:

@@ -62,7 +62,7 @@ import itertools
 import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
 from operator import invert
-from typing import NoReturn, TypeVar, cast
+from typing import NoReturn, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -88,10 +88,10 @@ from kvtier.store.results import (
     ChunkState,
     EventKind,
     LoadHandle,
-    StoreEvent,
     StoreHandle,
     StoreRefusal,
     Subscriber,
+    Subscribers,
     checked_keys,
 )
 
@@ -99,7 +99,6 @@ _ABSENT, _WRITING, _READY, _PINNED = (
     ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY, ChunkState.PINNED,
 )
 _STORED, _EVICTED, _REMOVED = EventKind.STORED, EventKind.EVICTED, EventKind.REMOVED
-_T = TypeVar("_T")
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -138,8 +137,7 @@ class ChunkStore:
         self._loads: dict[int, LoadHandle] = {}
         self._stores: dict[int, StoreHandle] = {}
         self._ids = itertools.count(1)
-        self._subscribers: list[Subscriber] = []
-        self._batch_subscribers: list[BatchSubscriber] = []
+        self._events = Subscribers(self.lock)
 
     # ---- queries -----------------------------------------------------------------------
 
@@ -281,7 +279,7 @@ class ChunkStore:
             take_handle(self._stores, handle, "store")
             if ok:
                 self._publish(handle)
-                self._emit(_STORED, handle.keys, handle.slots)
+                self._events.emit(_STORED, handle.keys, handle.slots)
             else:
                 self._abort(handle)
 
@@ -291,7 +289,7 @@ class ChunkStore:
         with self.lock:
             gone = [k for k in dict.fromkeys(ks) if self._removable(k)]
             self.policy.on_remove(gone)
-            self._emit(_REMOVED, gone, self._drop(gone))
+            self._events.emit(_REMOVED, gone, self._drop(gone))
             return gone
 
     def _removable(self, k: ChunkKey) -> bool:
@@ -319,7 +317,7 @@ class ChunkStore:
                 "retry after loads or stores complete",
                 short, evictable, retryable=True,
             )
-        self._emit(_EVICTED, victims, self._drop(victims))
+        self._events.emit(_EVICTED, victims, self._drop(victims))
         return None
 
     # ---- the only places counts change -------------------------------------------------
@@ -359,39 +357,14 @@ class ChunkStore:
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call ``callback(event)`` for every event from now on; returns an unsubscribe."""
-        return self._add_subscriber(self._subscribers, callback)
+        return self._events.add_each(callback)
 
     def subscribe_batches(self, callback: BatchSubscriber) -> Callable[[], None]:
         """Call ``callback(kind, keys, slots)`` once per change from now on, with every
         chunk it stored, evicted or removed (``results.BatchSubscriber``): the events
         ``subscribe`` gives, without an object per chunk, for subscribers that count or
         copy on every store (a tiered store, the replay). Returns an unsubscribe."""
-        return self._add_subscriber(self._batch_subscribers, callback)
-
-    def _add_subscriber(self, subscribers: list[_T], callback: _T) -> Callable[[], None]:
-        with self.lock:
-            subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self.lock:
-                if callback in subscribers:
-                    subscribers.remove(callback)
-
-        return unsubscribe
-
-    def _emit(self, kind: EventKind, keys: Sequence[ChunkKey], slots: Sequence[int]) -> None:
-        if not keys:
-            return
-        if self._batch_subscribers:
-            for batch in list(self._batch_subscribers):
-                batch(kind, keys, slots)
-        if not self._subscribers:
-            return
-        subscribers = list(self._subscribers)
-        for k, slot in zip(keys, slots, strict=True):
-            event = StoreEvent(kind, k, slot)
-            for callback in subscribers:
-                callback(event)
+        return self._events.add_batches(callback)
 
     # ---- checks ------------------------------------------------------------------------
 

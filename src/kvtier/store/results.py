@@ -11,10 +11,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from kvtier.keys import DIGEST_SIZE, TAG_SIZE, ChunkKey
 
+_T = TypeVar("_T")
 KEY_BYTES = TAG_SIZE + DIGEST_SIZE
 """Length of a ``ChunkKey``: an 8-byte group tag and a 32-byte prefix digest."""
 
@@ -132,6 +133,48 @@ and their slots, in event order (``ChunkStore.subscribe_batches``). The sequence
 store's own: read them during the call, never change or keep them."""
 TierBatchSubscriber = Callable[[str, EventKind, Sequence[ChunkKey], Sequence[int]], None]
 """A ``BatchSubscriber`` told the tier's name first (``TieredStore.subscribe_tier_batches``)."""
+
+
+class Subscribers:
+    """A store's event subscribers: per event (``Subscriber``) and per change
+    (``BatchSubscriber``), added and removed under the store's ``lock``."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self._each: list[Subscriber] = []
+        self._batches: list[BatchSubscriber] = []
+
+    def add_each(self, callback: Subscriber) -> Callable[[], None]:
+        return self._add(self._each, callback)
+
+    def add_batches(self, callback: BatchSubscriber) -> Callable[[], None]:
+        return self._add(self._batches, callback)
+
+    def _add(self, subscribers: list[_T], callback: _T) -> Callable[[], None]:
+        with self._lock:
+            subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in subscribers:
+                    subscribers.remove(callback)
+
+        return unsubscribe
+
+    def emit(self, kind: EventKind, keys: Sequence[ChunkKey], slots: Sequence[int]) -> None:
+        """One change, under the lock: to each batch subscriber, then event by event to
+        each per-event one (no event object made without one)."""
+        if not keys:
+            return
+        for batch in list(self._batches) if self._batches else ():
+            batch(kind, keys, slots)
+        if not self._each:
+            return
+        each = list(self._each)
+        for k, slot in zip(keys, slots, strict=True):
+            event = StoreEvent(kind, k, slot)
+            for callback in each:
+                callback(event)
 
 
 class EventLog:

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 from kvtier.keys import ChunkKey
 from kvtier.store.backend import BytesLike
-from kvtier.store.results import BatchSubscriber, StoreEvent, Subscriber
+from kvtier.store.results import BatchSubscriber, StoreEvent, Subscriber, TierBatchSubscriber
 from kvtier.store.results import EventCounts as EventCounts  # moved there (compiled)
 
 if TYPE_CHECKING:
@@ -193,6 +194,24 @@ def subscribe_batches(source: EventSource, callback: BatchSubscriber) -> Callabl
     if batches is not None:
         return cast("Callable[[], None]", batches(callback))
     return source.subscribe(lambda e: callback(e.kind, (e.key,), (e.slot,)))
+
+
+def subscribe_named(sources: Iterable[tuple[str, EventSource]], callback: TierBatchSubscriber
+                    ) -> Callable[[], None]:
+    """Each named source's events, one call per change with its name first
+    (``TieredStore.subscribe_tier_batches``); one unsubscribe for all of them."""
+    return unsubscribe_all([subscribe_batches(source, partial(callback, name))
+                            for name, source in sources])
+
+
+def unsubscribe_all(stops: list[Callable[[], None]]) -> Callable[[], None]:
+    """One unsubscribe that calls each of ``stops``."""
+
+    def unsubscribe() -> None:
+        for stop in stops:
+            stop()
+
+    return unsubscribe
 
 
 class IndexEvents:

@@ -31,8 +31,7 @@ unchanged. The data plane only ever touches host slots:
 Ordering of write-back: the manager emits EVICTED under its lock, after freeing the slot
 but before ``prepare_store`` returns the handle that reuses it, so the subscriber copies the
 slot's bytes while they are still the victim's; the copies go down in one batch per call
-(``put_async``) once the manager returns (``kvtier.tiers.writedown``). No manager hook is
-needed.
+(``put_async``) once the manager returns (``kvtier.tiers.writedown``): no manager hook.
 
 Counters per tier: ``stats()`` (hits, promotions, bytes, errors, latency). ``flush()``
 waits for background work (promotions, write-backs); tests and shutdown use it.
@@ -51,7 +50,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Literal, get_args
 
 from kvtier.keys import ChunkKey
@@ -71,7 +69,7 @@ from kvtier.store.results import (
 from kvtier.tiers.build import lower_tiers
 from kvtier.tiers.config import TierConfig, WritePolicy
 from kvtier.tiers.host import host_store
-from kvtier.tiers.lower import EventSource, LowerTier, TierStats, subscribe_batches
+from kvtier.tiers.lower import EventSource, LowerTier, TierStats, subscribe_named, unsubscribe_all
 from kvtier.tiers.records.format import geometry_of
 from kvtier.tiers.writedown import Background, WriteDown
 
@@ -82,6 +80,7 @@ PLACEMENTS: tuple[str, ...] = get_args(Placement)
 Promoted = Callable[[ChunkKey, str], None]
 """Called with each chunk promoted into host memory and the name of the tier it came from."""
 _log = logging.getLogger(__name__)
+_STORED = EventKind.STORED
 
 
 @dataclass
@@ -344,33 +343,22 @@ class TieredStore:
         (``lower.EventSource``: disk, metadata tiers), each with its tier's name in
         ``StoreEvent.tier``; a tier's events arrive on the thread that changed it. Redis
         publishes none: its evictions and expiries happen in the server, unseen."""
-        return self._subscribe_each([self.host.subscribe(callback), *(
-            t.subscribe(callback) for t in self.lower if isinstance(t, EventSource))])
+        return unsubscribe_all([source.subscribe(callback) for _, source in self._sources()])
 
     def subscribe_tier_batches(self, callback: TierBatchSubscriber) -> Callable[[], None]:
-        """``subscribe_tiers``'s events one call per change of a tier, with its name first:
-        ``callback(tier, kind, keys, slots)`` (``ChunkStore.subscribe_batches``)."""
-        return self._subscribe_each([self.host.subscribe_batches(partial(callback, "host")),
-                                     *(subscribe_batches(t, partial(callback, t.name))
-                                       for t in self.lower if isinstance(t, EventSource))])
+        """``subscribe_tiers``'s events, a call per change: ``callback(tier, kind, keys, slots)``"""
+        return subscribe_named(self._sources(), callback)
 
-    @staticmethod
-    def _subscribe_each(stops: list[Callable[[], None]]) -> Callable[[], None]:
-        def unsubscribe() -> None:
-            for stop in stops:
-                stop()
-
-        return unsubscribe
+    def _sources(self) -> list[tuple[str, EventSource]]:
+        return [("host", self.host), *((t.name, t) for t in self.lower
+                                       if isinstance(t, EventSource))]
 
     def _on_host_batch(self, kind: EventKind, keys: Sequence[ChunkKey], slots: Sequence[int]
                        ) -> None:
         """Host subscriber, under the host lock: copy bytes that must go down now, while the
         slots still hold them (module docstring); zero the slots a change freed."""
-        down = kind is self._due and bool(self.lower)
-        clear = kind is not EventKind.STORED and self._zeroed
-        if not (down or clear):
-            return
-        for key, slot in zip(keys, slots, strict=True):
+        down, clear = kind is self._due and bool(self.lower), kind is not _STORED and self._zeroed
+        for key, slot in zip(keys, slots, strict=True) if down or clear else ():
             if down and key not in self._fetching:
                 self._down.copy(key, slot)
                 self._absent_until.pop(key, None)  # going down: worth fetching again
@@ -384,9 +372,7 @@ class TieredStore:
         host = self.host_stats.snapshot()
         for name, count in self._host_events.fields().items():
             host[name] += count
-        out = {"host": host}
-        out.update((t.name, t.stats.snapshot()) for t in self.lower)
-        return out
+        return {"host": host, **{t.name: t.stats.snapshot() for t in self.lower}}
 
     def flush(self, timeout_s: float | None = 30.0) -> bool:
         """Wait until no promotion or write-down is in flight; False on timeout."""
