@@ -18,6 +18,10 @@ Each turn takes a new prompt and times one-token generations (time to first toke
   physical limit (nothing moves; vLLM computes the tokens past its last full block). It runs
   after the kvtier run in even turns and before it (right after the cold run) in odd ones.
 
+The warm run right after the cold run comes out slower whichever it is (about 15% in
+2026-12's runs), so the warm ratio is the geometric mean of each order's median ratio
+(``ttft_figures.py``): the default 7 turns, 4 with kvtier's run first, do not lean to one.
+
 ``--model qwen3next``: the same turns on a gated-delta-net hybrid (``vllm_hybrid.py``).
 
 Decoding: a batch of ``--batch`` requests generating ``--decode-tokens`` tokens each, with
@@ -78,6 +82,7 @@ from vllm.inputs import TokensPrompt
 import vllm_hybrid
 from decode_figures import control, decode_figures
 from kvtier.buildinfo import build, describe
+from ttft_figures import ttft_figures
 from vllm import LLM, SamplingParams
 
 TARGETS = {
@@ -173,7 +178,8 @@ def ttft_turn(llm: LLM, seed: int, n: int) -> dict[str, float]:
         seconds, outs = timed(llm, p, 1)
         runs[run] = seconds, outs[0].num_cached_tokens
     return {"cold": cold, "kvtier": runs["kvtier"][0], "vllm-hit": runs["vllm-hit"][0],
-            "kvtier_hit": runs["kvtier"][1], "vllm_hit": runs["vllm-hit"][1]}
+            "kvtier_hit": runs["kvtier"][1], "vllm_hit": runs["vllm-hit"][1],
+            "kvtier_first": float(seed % 2 == 0)}
 
 
 def decode_rate(llm: LLM, seed: int, batch: int, tokens: int) -> float:
@@ -342,7 +348,7 @@ def report(ttft: list[dict[str, float]], children: list[dict[str, Any]],
            args: argparse.Namespace, targets: dict[str, float]) -> dict[str, Any]:
     """Print the table; return the figures (medians of per-turn or per-round ratios)."""
     figures = {
-        **vllm_hybrid.ttft_figures(ttft),
+        **ttft_figures(ttft),
         **decode_figures(children, args.batch * args.decode_tokens),
         "ttft_ratios": [round(t["kvtier"] / t["vllm-hit"], 3) for t in ttft],
     }
@@ -361,6 +367,9 @@ def report(ttft: list[dict[str, float]], children: list[dict[str, Any]],
     print(f"decoding, kvtier's engine built first {figures['decode_kvtier_built_first']:.4f}, "
           f"second {figures['decode_kvtier_built_second']:.4f}; per process "
           f"{figures['decode_process_medians']} (their geometric mean below)")
+    print(f"warm / hit, kvtier's run first {figures['ttft_kvtier_first_over_vllm_hit']}, "
+          f"vLLM's first {figures['ttft_vllm_first_kvtier_over_vllm_hit']} (their geometric "
+          "mean below)")
     print(f"per round: decoding {figures['decode_ratios']}, warm/hit {figures['ttft_ratios']}")
     print(f"whole runs in turn (the earlier measure): decoding "
           f"{figures['decode_runs_kvtier_over_none']:.3f}, rounds {figures['decode_runs_ratios']}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from kvtier.buildinfo import describe
+from ttft_figures import ttft_figures
 from vllm import LLM
 
 TARGETS = {"ttft_kvtier_over_cold": 0.3, "ttft_kvtier_over_vllm_hit": 1.5}
@@ -85,23 +85,9 @@ def _warmup() -> Any:
     return TokensPrompt(prompt_token_ids=list(range(3, 300)))
 
 
-def ttft_figures(turns: list[dict[str, float]]) -> dict[str, float]:
-    """Medians over ``vllm_engine.ttft_turn`` results: the three times to first token, the
-    hits, and the per-turn ratios (so a ratio need not equal the ratio of its medians)."""
-    med = statistics.median
-    return {
-        "ttft_cold_s": med(t["cold"] for t in turns),
-        "ttft_kvtier_s": med(t["kvtier"] for t in turns),
-        "ttft_vllm_hit_s": med(t["vllm-hit"] for t in turns),
-        "kvtier_hit_tokens": med(t["kvtier_hit"] for t in turns),
-        "vllm_hit_tokens": med(t["vllm_hit"] for t in turns),
-        "ttft_kvtier_over_cold": med(t["kvtier"] / t["cold"] for t in turns),
-        "ttft_kvtier_over_vllm_hit": med(t["kvtier"] / t["vllm-hit"] for t in turns),
-    }
-
-
 def report(results: list[dict[str, float]], n: int, turns: int) -> dict[str, Any]:
-    """Print the table; return the figures (medians of per-turn ratios)."""
+    """Print the table; return the figures (``ttft_figures``: medians of per-turn ratios,
+    the warm ratio counterbalanced over which warm run went first)."""
     figures: dict[str, Any] = {"prompt_tokens": n, **ttft_figures(results)}
     print(f"vLLM CPU engine, Qwen3-Next-class {LAYERS} layers (GDN + full) x {HIDDEN} hidden, "
           f"{BLOCK_TOKENS}-token blocks, {n}-token prompts, {turns} turns; build: {describe()}")

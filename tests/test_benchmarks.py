@@ -110,3 +110,35 @@ def test_decoding_control_meets_only_near_one(figures, capsys):
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["met"] is True
     figures.control([_child("kvtier", 0.97), _child("bare", 0.99)])
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["met"] is False
+
+
+@pytest.fixture(scope="module")
+def ttft():
+    spec = importlib.util.spec_from_file_location("ttft_figures", BENCH / "ttft_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _turn(kvtier_first, ratio):
+    """A turn whose warm run from kvtier takes ``ratio`` times vLLM's hit (0.01 s)."""
+    return {"cold": 0.3, "kvtier": 0.01 * ratio, "vllm-hit": 0.01, "kvtier_hit": 3968,
+            "vllm_hit": 3968, "kvtier_first": float(kvtier_first)}
+
+
+def test_warm_ratio_cancels_which_warm_run_went_first(ttft):
+    """vllm_engine's warm ratio: kvtier's warm run 1.35x vLLM's hit, and the first warm run
+    after the cold one 8% slower whichever it is. Seven turns, four with kvtier's run first:
+    the counterbalanced figure gives 1.35 where the median of every turn's ratio does not."""
+    true, order = 1.35, 1.08
+    turns = [_turn(True, true * order), _turn(False, true / order)] * 3 + [
+        _turn(True, true * order)]
+    out = ttft.ttft_figures(turns)
+    assert out["ttft_kvtier_over_vllm_hit"] == pytest.approx(true)
+    assert out["ttft_kvtier_first_over_vllm_hit"] == pytest.approx(true * order)
+    assert out["ttft_vllm_first_kvtier_over_vllm_hit"] == pytest.approx(true / order)
+    plain_median = sorted(t["kvtier"] / t["vllm-hit"] for t in turns)[3]
+    assert plain_median == pytest.approx(true * order)  # the old figure leaned to one order
+    one_order = ttft.ttft_figures([_turn(True, 1.2)])
+    assert one_order["ttft_kvtier_over_vllm_hit"] == pytest.approx(1.2)
+    assert one_order["ttft_vllm_first_kvtier_over_vllm_hit"] is None
