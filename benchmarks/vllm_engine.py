@@ -367,9 +367,10 @@ def report(ttft: list[dict[str, float]], children: list[dict[str, Any]],
     print(f"decoding, kvtier's engine built first {figures['decode_kvtier_built_first']:.4f}, "
           f"second {figures['decode_kvtier_built_second']:.4f}; per process "
           f"{figures['decode_process_medians']} (their geometric mean below)")
-    print(f"warm / hit, kvtier's run first {figures['ttft_kvtier_first_over_vllm_hit']}, "
-          f"vLLM's first {figures['ttft_vllm_first_kvtier_over_vllm_hit']} (their geometric "
-          "mean below)")
+    first, second = (figures[f"ttft_{o}_over_vllm_hit"] for o in ("kvtier_first",
+                                                                  "vllm_first_kvtier"))
+    print(f"warm / hit, kvtier's run first {first or 0:.3f}, vLLM's first {second or 0:.3f} "
+          "(their geometric mean below; 0: no turn in that order)")
     print(f"per round: decoding {figures['decode_ratios']}, warm/hit {figures['ttft_ratios']}")
     print(f"whole runs in turn (the earlier measure): decoding "
           f"{figures['decode_runs_kvtier_over_none']:.3f}, rounds {figures['decode_runs_ratios']}")
