@@ -74,12 +74,17 @@ def test_a_benchmark_that_hangs_fails(runner, tmp_path):
     assert outcome.error == "still running after 0.5 s"
 
 
-@pytest.fixture(scope="module")
-def figures():
-    spec = importlib.util.spec_from_file_location("decode_figures", BENCH / "decode_figures.py")
+def _helper(name):
+    """A helper module of ``benchmarks/`` (not on the import path), loaded from its file."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def figures():
+    return _helper("decode_figures")
 
 
 def _child(first, ratio, rounds=5):
@@ -114,10 +119,7 @@ def test_decoding_control_meets_only_near_one(figures, capsys):
 
 @pytest.fixture(scope="module")
 def ttft():
-    spec = importlib.util.spec_from_file_location("ttft_figures", BENCH / "ttft_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _helper("ttft_figures")
 
 
 def _turn(kvtier_first, ratio):

@@ -359,4 +359,3 @@ def test_whole_prompt_hit_worked_examples() -> None:
     assert coverage.hits_served(state, 256) == (256,)
     eagle = Layout((Group("full", 16, 4), Group("full", 16, 4, lookahead=1)))
     assert not coverage.whole_prompt_hit(eagle, 256)
-

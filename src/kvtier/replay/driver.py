@@ -215,10 +215,7 @@ class Driver:
         if kind is not EventKind.STORED:
             return
         s, by_tag = self.stats, self._chunk_bytes
-        if len(by_tag) == 1:  # one group: every key carries its tag
-            written = len(keys) * next(iter(by_tag.values()))
-        else:
-            written = sum([by_tag.get(k[:TAG_SIZE], 0) for k in keys])
+        written = sum([by_tag.get(k[:TAG_SIZE], 0) for k in keys])
         s.chunks_written_by_tier[tier] = s.chunks_written_by_tier.get(tier, 0) + len(keys)
         s.bytes_written_by_tier[tier] = s.bytes_written_by_tier.get(tier, 0) + written
 
