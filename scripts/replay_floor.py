@@ -2,11 +2,12 @@
 
 ``benchmarks/replay.py`` divides the single-group replay's time by a plain ``OrderedDict``
 LRU over the same block ids. The replay also hashes every request's synthetic token stream
-with the real ``KeyChain`` (``Workload.items``); the plain LRU hashes nothing. This prints,
-best of ``--repeats`` runs on the benchmark's workload, each of these over the plain LRU's
-time: the references (``items``), the token streams alone, and ``KeyChain``s over prebuilt
-streams (SHA-256, with the native loop in the serving build). A profiling script, not a
-benchmark: one JSON line.
+(``Workload.items``); the plain LRU hashes nothing. This prints, best of ``--repeats`` runs
+on the benchmark's workload, each of these over the plain LRU's time: the references
+(``items``: ``ReplayChain``s over the block ids, since issue 32's eighth round), the
+``ReplayChain``s alone, and what they replaced: the token streams alone and ``KeyChain``s
+over prebuilt streams (SHA-256, with the native loop in the serving build). A profiling
+script, not a benchmark: one JSON line.
 
     python scripts/replay_floor.py [--limit N] [--repeats N]
 """
@@ -22,11 +23,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from kvtier.keys import KeyChain
+from kvtier.keys import KeyChain, Namespace
 from kvtier.layout import Group, Layout
 from kvtier.replay import ReplayConfig, Workload, read_trace
-from kvtier.replay.refs import replay_namespace, token_stream
+from kvtier.replay.refs import ReplayChain, replay_namespace, token_stream
 from replay import KV_BYTES_PER_TOKEN, plain_lru
+
+
+def replay_chain(layout: Layout, namespace: Namespace, ids: tuple[int, ...]) -> ReplayChain:
+    """The chain of every block ``ids`` name."""
+    chain = ReplayChain(layout, namespace, 512)
+    chain.extend_blocks(ids, 512 * len(ids))
+    return chain
 
 
 def main() -> None:
@@ -41,6 +49,8 @@ def main() -> None:
     runs: dict[str, Callable[[], object]] = {
         "plain_lru": lambda: plain_lru(requests, 3000),
         "references": lambda: [None for _ in workload.items()],
+        "replay_chains": lambda: [replay_chain(layout, namespace, r.hash_ids)
+                                  for r in requests],
         "token_streams": lambda: [token_stream(r.hash_ids, 512) for r in requests],
         "key_chains": lambda: [KeyChain(layout, namespace, s) for s in streams],
     }

@@ -10,6 +10,7 @@ import concurrent.futures
 import hashlib
 import itertools
 import os
+import random
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 import kvtier.keys
 from kvtier.keys import KeyChain, Namespace
 from kvtier.layout import Group, Layout
+from kvtier.replay.refs import ReplayChain, replay_namespace, token_stream
 
 _native = pytest.importorskip("kvtier._native", reason="built only by KVTIER_COMPILE=1")
 
@@ -88,6 +90,45 @@ def test_bad_spine_arguments_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="0 <= filled < step"):
         _native.sha256_spine(state, b"abc", 0, 0)
     assert _native.sha256_spine(state, b"", 0, 4) == ([], 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(block=st.integers(1, 9), chunk=st.integers(1, 12), seed=st.integers(0, 2**32),
+       cut=st.integers(0, 60))
+def test_replay_chain_digests_are_the_same_with_and_without_the_c_loop(
+        block: int, chunk: int, seed: int, cut: int) -> None:
+    """``sha256_blocks`` against ``ReplayChain._feed``'s Python loop, fed by ids and by
+    tokens, units that do and do not divide a block."""
+    layout = Layout((Group("full", chunk),))
+    rng = random.Random(seed)
+    ids = tuple(rng.choice([3, 2**32 + 3, 2**64 - 1]) for _ in range(7))
+    n = 7 * block
+
+    def keys() -> list[object]:
+        chain = ReplayChain(layout, replay_namespace(layout), block)
+        chain.extend_blocks(ids, min(cut, n))
+        chain.extend(token_stream(ids, block)[min(cut, n) : n - 1])
+        chain.extend_blocks(ids, n)
+        return chain.keys(0, range(n // chunk))
+
+    native = keys()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kvtier.keys, "_native", None)
+        assert keys() == native
+
+
+def test_bad_block_digest_arguments_are_clear_errors() -> None:
+    prefix, heads = bytes(32), bytes(16)
+    assert _native.sha256_blocks(prefix, heads, 0, 4, 0, 2, 2)[0] != []
+    with pytest.raises(ValueError, match="32-byte prefix"):
+        _native.sha256_blocks(bytes(31), heads, 0, 4, 0, 2, 2)
+    for start, end, first, width, unit in ((0, 4, 0, 0, 2), (0, 4, 0, 2, 0), (2, 4, 0, 2, 2),
+                                           (0, 0, 0, 2, 2), (0, 4, -1, 2, 2),
+                                           (0, 2**62, 0, 2, 2), (0, 4, 0, 2, 2**62)):
+        with pytest.raises(ValueError, match="first \\* width <= start"):
+            _native.sha256_blocks(prefix, heads, start, end, first, width, unit)
+    with pytest.raises(ValueError, match="8 head bytes per block"):
+        _native.sha256_blocks(prefix, heads, 0, 5, 0, 2, 2)  # 3 blocks, 2 heads
 
 
 def addr(a: np.ndarray, offset: int = 0) -> int:

@@ -63,6 +63,14 @@
  *   cpu()                     The CPU the calling thread runs on (sched_getcpu), or -1
  *                             where the system cannot say.
  *
+ *   sha256_blocks(prefix, heads, start, end, first, width, unit)
+ *                             kvtier.replay.refs.ReplayChain's digests: for every multiple t
+ *                             of `unit` in (start, end], in block b = (t - 1) // width,
+ *                             sha256(P_b || head_b[:4 * min(off, 2)] || off as 8 bytes LE),
+ *                             off = t - b * width; head_b is heads[8 * (b - first):][:8], P
+ *                             is `prefix` for block `first` and the digest at each block's
+ *                             end after it. Returns (digests, P at `end`'s block).
+ *
  *   prefixed(prefix, items)   [prefix + item for item in items], for a list of bytes: a
  *                             group's keys from the spine's digests (kvtier.keys).
  *
@@ -192,6 +200,82 @@ native_sha256_spine(PyObject *self, PyObject *args)
     return Py_BuildValue("(Nn)", digests, now);
 }
 
+/* The digest at offset `off` of a block: P || the head's first min(off, 2) tokens || off. */
+static void
+block_digest(const unsigned char *prefix, const unsigned char *head, Py_ssize_t off,
+             unsigned char *out)
+{
+    unsigned char buf[SHA256_DIGEST_LENGTH + 16];
+    size_t used = SHA256_DIGEST_LENGTH + (size_t)(off < 2 ? 4 * off : 8);
+    memcpy(buf, prefix, SHA256_DIGEST_LENGTH);
+    memcpy(buf + SHA256_DIGEST_LENGTH, head, used - SHA256_DIGEST_LENGTH);
+    for (int k = 0; k < 8; k++)
+        buf[used + (size_t)k] = (unsigned char)(((unsigned long long)off >> (8 * k)) & 0xff);
+    SHA256_CTX ctx; /* not SHA256(): OpenSSL 3 looks the algorithm up on every call */
+    SHA256_Init(&ctx);
+    SHA256_Update(&ctx, buf, used + 8);
+    SHA256_Final(out, &ctx);
+}
+
+static PyObject *
+native_sha256_blocks(PyObject *self, PyObject *args)
+{
+    Py_buffer prefix, heads;
+    Py_ssize_t start, end, first, width, unit;
+    if (!PyArg_ParseTuple(args, "y*y*nnnnn:sha256_blocks", &prefix, &heads, &start, &end,
+                          &first, &width, &unit))
+        return NULL;
+    PyObject *digests = NULL;
+    const Py_ssize_t limit = PY_SSIZE_T_MAX / 4;
+    if (prefix.len != SHA256_DIGEST_LENGTH || width <= 0 || width > limit || unit <= 0
+        || unit > limit || first < 0
+        || first > limit / width || start < first * width || start >= (first + 1) * width
+        || end <= start || end > limit) {
+        PyErr_SetString(PyExc_ValueError, "sha256_blocks: need a 32-byte prefix, width > 0, "
+                        "unit > 0 and first * width <= start < (first + 1) * width, start < end");
+        goto done;
+    }
+    if ((heads.len / 8) < (end - 1) / width - first + 1) {
+        PyErr_SetString(PyExc_ValueError, "sha256_blocks: need 8 head bytes per block");
+        goto done;
+    }
+    digests = PyList_New(end / unit - start / unit);
+    if (digests == NULL)
+        goto done;
+    unsigned char carry[SHA256_DIGEST_LENGTH], d[SHA256_DIGEST_LENGTH];
+    memcpy(carry, prefix.buf, SHA256_DIGEST_LENGTH);
+    const unsigned char *head = (const unsigned char *)heads.buf;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t b0 = first * width; b0 < end; b0 += width, head += 8) {
+        Py_ssize_t block_end = b0 + width, stop = end < block_end ? end : block_end;
+        Py_ssize_t t = ((start > b0 ? start : b0) / unit + 1) * unit;
+        for (; t <= stop; t += unit) {
+            block_digest(carry, head, t - b0, d);
+            PyObject *item = PyBytes_FromStringAndSize((const char *)d, SHA256_DIGEST_LENGTH);
+            if (item == NULL) {
+                Py_CLEAR(digests);
+                goto done;
+            }
+            PyList_SET_ITEM(digests, k++, item);
+        }
+        if (stop == block_end) { /* the block is whole: its end's digest carries on */
+            if (block_end % unit == 0)
+                memcpy(carry, d, SHA256_DIGEST_LENGTH); /* just read at t == block_end */
+            else
+                block_digest(carry, head, width, carry);
+        }
+    }
+    PyObject *result = Py_BuildValue("(Ny#)", digests, (const char *)carry,
+                                     (Py_ssize_t)SHA256_DIGEST_LENGTH);
+    PyBuffer_Release(&prefix);
+    PyBuffer_Release(&heads);
+    return result;
+done:
+    PyBuffer_Release(&prefix);
+    PyBuffer_Release(&heads);
+    return digests;
+}
+
 static PyObject *
 native_prefixed(PyObject *self, PyObject *args)
 {
@@ -242,6 +326,8 @@ static PyMethodDef methods[] = {
      "sha256_start(seed) -> bytearray: a SHA-256 state that has absorbed seed."},
     {"sha256_spine", native_sha256_spine, METH_VARARGS,
      "sha256_spine(state, data, filled, step) -> (digests, filled)."},
+    {"sha256_blocks", native_sha256_blocks, METH_VARARGS,
+     "sha256_blocks(prefix, heads, start, end, first, width, unit) -> (digests, prefix)."},
     {"prefixed", native_prefixed, METH_VARARGS,
      "prefixed(prefix, items) -> [prefix + item for item in items] (items: a list of bytes)."},
     {"recv_values", native_recv_values, METH_VARARGS,

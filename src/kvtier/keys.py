@@ -141,7 +141,7 @@ class KeyChain:
         over its answer, the prompt's own kept for the planner)."""
         # a fresh chain (a compiled class has no __new__ that skips __init__), then a
         # copy of what changes as it extends
-        twin = KeyChain(self.layout, self.namespace)
+        twin = self._blank()
         twin._segments, twin._offsets = self._segments.copy(), self._offsets.copy()
         twin._num_bytes, twin._filled = self._num_bytes, self._filled
         twin._drafts = dict(self._drafts)
@@ -150,6 +150,11 @@ class KeyChain:
         twin._hash = self._hash.copy()
         twin._state = None if self._state is None else bytearray(self._state)
         return twin
+
+    def _blank(self) -> KeyChain:
+        """A chain of this one's kind, layout and namespace with no tokens (``fork``'s
+        start; a subclass that hashes otherwise returns one of its own, with its state)."""
+        return KeyChain(self.layout, self.namespace)
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append tokens and hash every unit they complete (no copy of long inputs)."""

@@ -1,16 +1,21 @@
-"""What each request of a trace references: a synthetic token stream and its chunk keys.
+"""What each request of a trace references: a replay stream and its chunk keys.
 
 A trace has no tokens, only block ids (``hash_ids``), each naming one ``block_tokens``-token
 block and its whole prefix. The replay gives every request a synthetic token stream in
 which block ``j`` is filled with its id (the low and high 32-bit halves of the id,
-alternating), so two requests share a token prefix exactly as far as their id lists agree,
-and lets the real ``KeyChain`` hash it: chunk keys are the ones an engine would compute,
-for any chunk size, and layouts whose chunks are not trace blocks (256-token presets)
-work unchanged.
+alternating), so two requests share a token prefix exactly as far as their id lists agree.
 
 >>> stream = token_stream((5, 2**32 + 7), block_tokens=4)
 >>> stream.tolist()
 [5, 0, 5, 0, 7, 1, 7, 1]
+
+Its keys come from a ``ReplayChain``: a ``KeyChain`` (the same groups, units, tags, draft
+tails and forks) whose digests hash each block's id, not its 512 tokens, so that a request
+costs a hash of a few dozen bytes per unit rather than of 2 KiB per block (issue 32: "keys
+from the trace's block ids"). Two keys are equal exactly when the token hash's would be:
+the figures do not move, but for policies that hash the key bytes themselves (``s3fifo``'s
+and ``pfreq``'s ghost filters use Python's ``hash``). Chunks whose size is not the trace's
+block size (256-token presets) work unchanged.
 
 The stream covers every block the trace names, the last one whole even when the prompt
 ends inside it (``StoreScope``): a later request that names the same id gets the same
@@ -23,7 +28,8 @@ the future.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +40,11 @@ from kvtier import coverage
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
 from kvtier.replay.trace import TraceRequest
+
+try:  # the serving build's C loop for sha256 digests (ReplayChain._feed); the same digests
+    from kvtier import _native
+except ImportError:  # the pure build
+    _native = None  # type: ignore[assignment]
 
 StoreScope = Literal["blocks", "prompt"]
 """What a request stores: ``blocks``, every block the trace names (the last one whole, as
@@ -63,6 +74,92 @@ def token_span(hash_ids: tuple[int, ...], block_tokens: int, start: int, stop: i
     first, last = start // block_tokens, -(-stop // block_tokens)
     skip = first * block_tokens
     return token_stream(hash_ids[first:last], block_tokens)[start - skip : stop - skip]
+
+
+class ReplayChain(KeyChain):
+    """A ``KeyChain`` over a replay stream that hashes each block's id rather than its tokens.
+
+    In a replay stream block ``b`` (tokens ``[b*B, (b+1)*B)``) is its id's two halves
+    repeated, so the tokens before a position ``t`` inside it are fixed by the blocks before
+    ``b`` and by ``b``'s first ``min(t - b*B, 2)`` tokens (its *head*) and ``t - b*B``. The
+    digest at a unit boundary ``t`` is therefore ``H(P_b || head || t - b*B)``, where ``P_b``
+    is the digest at the end of block ``b - 1`` (the namespace's seed for block 0): equal
+    exactly when the tokens before ``t`` are, as ``KeyChain``'s ``H(seed || tokens[:t])``
+    is. Only replay streams may be fed (``extend``, ``extend_blocks``): it reads no token
+    of a block past its head.
+    """
+
+    def __init__(self, layout: Layout, namespace: Namespace, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self._prefix = _origin(namespace)  # P of the block the stream ends in
+        self._head = b""  # that block's head, as far as it is known (at most 8 bytes)
+        super().__init__(layout, namespace)
+
+    def _blank(self) -> KeyChain:
+        twin = ReplayChain(self.layout, self.namespace, self.block_tokens)
+        twin._prefix, twin._head = self._prefix, self._head
+        return twin
+
+    def extend_blocks(self, hash_ids: Sequence[int], stop: int) -> None:
+        """Extend to ``stop`` tokens of the replay stream of ``hash_ids`` (every block's id
+        from block 0): ``extend(token_span(hash_ids, block_tokens, num_tokens, stop))``,
+        with no token made (but for draft groups, whose keys read tokens back)."""
+        start, width = self.num_tokens, self.block_tokens
+        if stop <= start:
+            return
+        if self._keep:
+            self.extend(token_span(tuple(hash_ids), width, start, stop))
+            return
+        first, last = start // width, (stop - 1) // width
+        heads = np.asarray(hash_ids[first : last + 1], dtype="<u8").tobytes()  # = the heads
+        self._num_bytes += 4 * (stop - start)
+        self._feed(start, stop, first, heads)
+        self._head = heads[-8:][: 4 * min(2, width)] if stop % width else b""
+
+    def _advance_spine(self, data: bytes | memoryview) -> None:
+        """``KeyChain.extend``'s hashing: each block's head read from the tokens."""
+        end, width = self._num_bytes // 4, self.block_tokens
+        start, size = end - len(data) // 4, 4 * min(2, width)
+        heads, head = bytearray(), b""
+        for b in range(start // width, (end - 1) // width + 1):
+            at = (b * width - start) * 4  # where block b begins in data, in bytes
+            head = (bytes(data[at : at + size]) if at >= 0 else
+                    (self._head + bytes(data[: max(0, size + at)]))[:size])
+            heads += head.ljust(8, b"\0")  # _feed reads no byte past the tokens known
+        self._feed(start, end, start // width, bytes(heads))
+        self._head = head if end % width else b""
+
+    def _feed(self, start: int, end: int, first: int, heads: bytes) -> None:
+        """The digests at every unit boundary in ``(start, end]``, block ``first + i``'s
+        head being ``heads[8*i : 8*i + 8]``; ``P`` carried over every block end."""
+        if self._state is not None:  # sha256 in the serving build: the same loop in C
+            digests, self._prefix = _native.sha256_blocks(self._prefix, heads, start, end,
+                                                          first, self.block_tokens, self._unit)
+            self._spine += digests
+            return
+        width, unit, new, spine = self.block_tokens, self._unit, self._new, self._spine
+        prefix, b0, i = self._prefix, first * width, 0
+        while b0 < end:
+            head, block_end = heads[i : i + 8], b0 + width
+            stop = min(end, block_end)
+            t = (max(start, b0) // unit + 1) * unit
+            while t <= stop:
+                off = t - b0
+                spine.append(new(prefix + head[: 4 * min(off, 2)]
+                                 + off.to_bytes(8, "little")).digest())
+                t += unit
+            if stop == block_end:
+                prefix = (spine[-1] if block_end % unit == 0 else
+                          new(prefix + head[: 4 * min(width, 2)]
+                              + width.to_bytes(8, "little")).digest())
+            b0, i = block_end, i + 8
+        self._prefix = prefix
+
+
+@functools.lru_cache(maxsize=64)
+def _origin(namespace: Namespace) -> bytes:
+    """What a replay chain's block 0 starts from: the namespace's seed (a digest)."""
+    return namespace.seed()
 
 
 def replay_namespace(layout: Layout) -> Namespace:
@@ -135,10 +232,11 @@ class RefsPlanner:
         plan = self._plans.get(top)
         if plan is None:
             plan = self._plans[top] = _plan(self.layout, top)
-        stream = token_stream(req.hash_ids, self.block_tokens)
-        prompt = KeyChain(self.layout, self.namespace, stream[: min(req.input_length, top)])
+        prompt = ReplayChain(self.layout, self.namespace, self.block_tokens)
+        prompt.extend_blocks(req.hash_ids, min(req.input_length, top))
         chain = prompt.fork()  # the stored scope: the prompt hashed once for both
-        chain.extend(stream[prompt.num_tokens : top])
+        assert isinstance(chain, ReplayChain)  # _blank's kind
+        chain.extend_blocks(req.hash_ids, top)
         per_group = [chain.keys(gi, chunks) for gi, chunks in enumerate(plan.per_group)]
         keys = (per_group[0] if plan.order is None and len(per_group) == 1 else
                 [k for ks in per_group for k in ks] if plan.order is None else
