@@ -118,13 +118,16 @@ def test_replay_chain_digests_are_the_same_with_and_without_the_c_loop(
 
 
 def test_bad_block_digest_arguments_are_clear_errors() -> None:
-    prefix, heads = bytes(32), bytes(16)
-    assert _native.sha256_blocks(prefix, heads, 0, 4, 0, 2, 2)[0] != []
+    prefix, heads = bytes(32), bytes(range(16))
+    at_2 = hashlib.sha256(prefix + heads[:8] + (2).to_bytes(8, "little")).digest()
+    at_4 = hashlib.sha256(at_2 + heads[8:16] + (2).to_bytes(8, "little")).digest()
+    assert _native.sha256_blocks(prefix, heads, 0, 4, 0, 2, 2) == ([at_2, at_4], at_4)
     with pytest.raises(ValueError, match="32-byte prefix"):
         _native.sha256_blocks(bytes(31), heads, 0, 4, 0, 2, 2)
     for start, end, first, width, unit in ((0, 4, 0, 0, 2), (0, 4, 0, 2, 0), (2, 4, 0, 2, 2),
                                            (0, 0, 0, 2, 2), (0, 4, -1, 2, 2),
-                                           (0, 2**62, 0, 2, 2), (0, 4, 0, 2, 2**62)):
+                                           (0, 2**62, 0, 2, 2), (0, 4, 0, 2, 2**62),
+                                           (2**40, 2**40 + 4, 2**40, 2**30, 2)):
         with pytest.raises(ValueError, match="first \\* width <= start"):
             _native.sha256_blocks(prefix, heads, start, end, first, width, unit)
     with pytest.raises(ValueError, match="8 head bytes per block"):

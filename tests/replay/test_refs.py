@@ -93,9 +93,9 @@ def test_a_request_whose_ids_diverge_gets_other_keys_from_there():
 
 @st.composite
 def small_layouts(draw: st.DrawFn) -> Layout:
-    """One or two groups of 1-8-token chunks (units that do and do not divide a block),
+    """One or two groups of 1-16-token chunks (units that do and do not divide a block),
     a draft group among them sometimes."""
-    groups = [Group("full", draw(st.integers(1, 4)), blocks_per_chunk=draw(st.integers(1, 2)),
+    groups = [Group("full", draw(st.integers(1, 8)), blocks_per_chunk=draw(st.integers(1, 2)),
                     lookahead=draw(st.sampled_from([0, 0, 1, 3])))
               for _ in range(draw(st.integers(1, 2)))]
     return Layout(tuple(groups))
@@ -124,9 +124,30 @@ def test_any_block_size_feeding_or_fork_names_the_same_prefixes(layout, block, s
             chain.extend_blocks(ids, cut)
             twin = chain.fork()
             chain.extend(stream[cut : cut + 1])  # the original moves on apart
+            same.add_chains(chain, reference(layout, ids, block, min(cut + 1, len(stream))))
             chain = twin
             chain.extend(stream[cut:n])
         else:
             chain.extend(stream[:cut])
             chain.extend_blocks(ids, n)
         same.add_chains(chain, reference(layout, ids, block, n))
+
+
+def test_tokens_that_are_not_a_replay_stream_are_refused_and_change_nothing():
+    layout = llama_3_1_8b()
+    ids = (7, 2**32 + 9, 11)
+    stream = token_stream(ids, BLOCK)
+    chain = ReplayChain(layout, replay_namespace(layout), BLOCK)
+    chain.extend_blocks(ids, 100)  # into block 1
+    for bad in ([*stream[100:120].tolist()[:-1], 8],  # the last token breaks the pattern
+                stream[100:200][::-1].copy(),  # block 1's halves swapped
+                [1] * 40):
+        with pytest.raises(ValueError, match="keys replay streams only"):
+            chain.extend(bad)
+        assert chain.num_tokens == 100
+    chain.extend(stream[100:])  # the chain still takes its stream, and keys it right
+    same = SamePrefixes()
+    same.add_chains(chain, reference(layout, ids, BLOCK, len(stream)))
+    with pytest.raises(ValueError, match="3 ids of 64 tokens name 192 tokens, not 193"):
+        chain.extend_blocks(ids, 193)
+    assert chain.num_tokens == len(stream)

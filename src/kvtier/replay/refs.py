@@ -13,9 +13,9 @@ Its keys come from a ``ReplayChain``: a ``KeyChain`` (the same groups, units, ta
 tails and forks) whose digests hash each block's id, not its 512 tokens, so that a request
 costs a hash of a few dozen bytes per unit rather than of 2 KiB per block (issue 32: "keys
 from the trace's block ids"). Two keys are equal exactly when the token hash's would be:
-the figures do not move, but for policies that hash the key bytes themselves (``s3fifo``'s
-and ``pfreq``'s ghost filters use Python's ``hash``). Chunks whose size is not the trace's
-block size (256-token presets) work unchanged.
+the figures do not move, but for policies that pick cells by the key bytes themselves
+(``s3fifo``'s and ``pfreq``'s ghost filters and sketches, ``ghost.stable_hash``). Chunks
+whose size is not the trace's block size (256-token presets) work unchanged.
 
 The stream covers every block the trace names, the last one whole even when the prompt
 ends inside it (``StoreScope``): a later request that names the same id gets the same
@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtier import coverage
-from kvtier.keys import ChunkKey, KeyChain, Namespace
+from kvtier.keys import ChunkKey, KeyChain, Namespace, _token_bytes
 from kvtier.layout import Layout
 from kvtier.replay.trace import TraceRequest
 
@@ -93,6 +93,7 @@ class ReplayChain(KeyChain):
         self.block_tokens = block_tokens
         self._prefix = _origin(namespace)  # P of the block the stream ends in
         self._head = b""  # that block's head, as far as it is known (at most 8 bytes)
+        self._pending = (b"", b"")  # extend's heads, for _advance_spine
         super().__init__(layout, namespace)
 
     def _blank(self) -> KeyChain:
@@ -103,8 +104,12 @@ class ReplayChain(KeyChain):
     def extend_blocks(self, hash_ids: Sequence[int], stop: int) -> None:
         """Extend to ``stop`` tokens of the replay stream of ``hash_ids`` (every block's id
         from block 0): ``extend(token_span(hash_ids, block_tokens, num_tokens, stop))``,
-        with no token made (but for draft groups, whose keys read tokens back)."""
+        with no token made (but for draft groups, whose keys read tokens back).
+        ValueError if the ids name fewer than ``stop`` tokens."""
         start, width = self.num_tokens, self.block_tokens
+        if stop > len(hash_ids) * width:
+            raise ValueError(f"ReplayChain.extend_blocks: {len(hash_ids)} ids of {width} "
+                             f"tokens name {len(hash_ids) * width} tokens, not {stop}")
         if stop <= start:
             return
         if self._keep:
@@ -116,18 +121,42 @@ class ReplayChain(KeyChain):
         self._feed(start, stop, first, heads)
         self._head = heads[-8:][: 4 * min(2, width)] if stop % width else b""
 
-    def _advance_spine(self, data: bytes | memoryview) -> None:
-        """``KeyChain.extend``'s hashing: each block's head read from the tokens."""
-        end, width = self._num_bytes // 4, self.block_tokens
-        start, size = end - len(data) // 4, 4 * min(2, width)
+    def extend(self, tokens: Iterable[int]) -> None:
+        """``KeyChain.extend``; ValueError, with the chain unchanged, for tokens that are not
+        the replay stream's (each block its first two tokens repeated)."""
+        data = _token_bytes(tokens)
+        if len(data):
+            self._pending = self._read_heads(data)
+            super().extend(np.frombuffer(data, dtype="<u4"))
+
+    def _read_heads(self, data: bytes | memoryview) -> tuple[bytes, bytes]:
+        """The heads of the blocks ``data`` (tokens from ``num_tokens`` on) reaches, 8 bytes
+        each (zeros past the tokens known: ``_feed`` reads none of them), and the last
+        one as far as it is known; checks that each block repeats its head."""
+        start, width = self.num_tokens, self.block_tokens
+        end, size = start + len(data) // 4, 4 * min(2, width)
         heads, head = bytearray(), b""
         for b in range(start // width, (end - 1) // width + 1):
             at = (b * width - start) * 4  # where block b begins in data, in bytes
             head = (bytes(data[at : at + size]) if at >= 0 else
                     (self._head + bytes(data[: max(0, size + at)]))[:size])
-            heads += head.ljust(8, b"\0")  # _feed reads no byte past the tokens known
-        self._feed(start, end, start // width, bytes(heads))
-        self._head = head if end % width else b""
+            padded = head.ljust(8, b"\0")
+            lo, hi = max(at, 0), min(at + 4 * width, len(data))
+            if bytes(data[lo:hi]) != (padded * (width // 2 + 1))[lo - at : hi - at]:
+                raise ValueError(
+                    f"ReplayChain: tokens {start + lo // 4}..{start + hi // 4 - 1} do not "
+                    f"repeat block {b}'s first two: it keys replay streams only "
+                    "(token_stream); use a KeyChain for other tokens")
+            heads += padded
+        return bytes(heads), head
+
+    def _advance_spine(self, data: bytes | memoryview) -> None:
+        """``KeyChain.extend``'s hashing, from the heads ``extend`` read."""
+        heads, head = self._pending
+        end = self._num_bytes // 4
+        start = end - len(data) // 4
+        self._feed(start, end, start // self.block_tokens, heads)
+        self._head = head if end % self.block_tokens else b""
 
     def _feed(self, start: int, end: int, first: int, heads: bytes) -> None:
         """The digests at every unit boundary in ``(start, end]``, block ``first + i``'s
