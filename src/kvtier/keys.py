@@ -158,7 +158,10 @@ class KeyChain:
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append tokens and hash every unit they complete (no copy of long inputs)."""
-        data = _token_bytes(tokens)
+        self._append(_token_bytes(tokens))
+
+    def _append(self, data: bytes | memoryview) -> None:
+        """``extend`` of tokens already made little-endian uint32 bytes."""
         if not len(data):
             return
         if self._keep and self._segments and len(self._segments[-1]) < _SMALL:

@@ -127,6 +127,7 @@ class Driver:
         self._group_bytes = [g.bytes_per_chunk or 0 for g in config.layout.groups]
         store.subscribe_tier_batches(self._on_tier_batch)
         self._hits = HitPlans()  # block_hit's plans
+        self._limits: dict[int, RequestLimits] = {}  # per block hit (frozen: shared)
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
         """The whole request: look up, load, store, finish (module docstring)."""
@@ -154,9 +155,11 @@ class Driver:
         self.store.promoted.clear()
         reach = block_hit(self.layout, refs, where, self._hits)
         self._count_refs(req, refs, reach)
-        self.planner.add_request(rid, refs.prompt,  # hashed once, by refs
-                                 limits=RequestLimits(max_load_tokens=reach,
-                                                      boundaries=self.config.boundaries))
+        limits = self._limits.get(reach)
+        if limits is None:
+            limits = self._limits[reach] = RequestLimits(max_load_tokens=reach,
+                                                         boundaries=self.config.boundaries)
+        self.planner.add_request(rid, refs.prompt, limits=limits)  # hashed once, by refs
         return where
 
     def lookup(self, rid: str) -> Lookup:

@@ -127,7 +127,7 @@ class ReplayChain(KeyChain):
         data = _token_bytes(tokens)
         if len(data):
             self._pending = self._read_heads(data)
-            super().extend(np.frombuffer(data, dtype="<u4"))
+            self._append(data)
 
     def _read_heads(self, data: bytes | memoryview) -> tuple[bytes, bytes]:
         """The heads of the blocks ``data`` (tokens from ``num_tokens`` on) reaches, 8 bytes
@@ -199,7 +199,6 @@ def replay_namespace(layout: Layout) -> Namespace:
     return Namespace(layout.model, kv_dtype=layout.kv_dtype, layout_fields="group")
 
 
-@dataclass(frozen=True)
 class RequestRefs:
     """The chunks one request references, in the planner's store order.
 
@@ -209,16 +208,19 @@ class RequestRefs:
     and ``horizons`` depend on ``store_tokens`` only, and are shared by every request with
     the same (``RefsPlanner``). ``prompt`` is the prompt's ``KeyChain``, in the replay's
     namespace: the planner takes it as the prompt (``Planner.add_request``), so that the
-    stream is hashed once per request.
+    stream is hashed once per request. Not to be changed once built (a plain class, not a
+    frozen dataclass: one is built per request, and a dataclass's ``__init__`` is
+    interpreted even in the serving build).
     """
 
-    num_prompt: int
-    store_tokens: int
-    keys: list[ChunkKey]
-    groups: tuple[int, ...]
-    chunks: tuple[int, ...]
-    horizons: tuple[int, ...]
-    prompt: KeyChain
+    __slots__ = ("chunks", "groups", "horizons", "keys", "num_prompt", "prompt", "store_tokens")
+
+    def __init__(self, num_prompt: int, store_tokens: int, keys: list[ChunkKey],
+                 groups: tuple[int, ...], chunks: tuple[int, ...], horizons: tuple[int, ...],
+                 prompt: KeyChain) -> None:
+        self.num_prompt, self.store_tokens, self.keys = num_prompt, store_tokens, keys
+        self.groups, self.chunks, self.horizons = groups, chunks, horizons
+        self.prompt = prompt
 
 
 def store_tokens_of(req: TraceRequest, block_tokens: int, scope: StoreScope) -> int:
