@@ -67,13 +67,21 @@ class Engine:
         args: dict[str, Any] = {
             "kv_cache_memory_bytes": num_blocks * _block_bytes(model, speculative),
             **(llm_args or {})}
-        self.llm = LLM(
-            model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-            max_model_len=max_model_len, enforce_eager=True, distributed_executor_backend="uni",
-            kv_transfer_config=kv_transfer_config(**options) if connector else None,
-            speculative_config=speculative, disable_log_stats=False,
-            kv_events_config=kv_events, **args,
-        )
+        try:
+            self.llm = LLM(
+                model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+                max_model_len=max_model_len, enforce_eager=True,
+                distributed_executor_backend="uni",
+                kv_transfer_config=kv_transfer_config(**options) if connector else None,
+                speculative_config=speculative, disable_log_stats=False,
+                kv_events_config=kv_events, **args,
+            )
+        except BaseException:
+            # an engine that failed half-built leaves its worker's connector as vLLM's
+            # process-wide one, which the next engine would take over: free it
+            ensure_kv_transfer_shutdown()
+            cleanup_dist_env_and_memory()
+            raise
         core = self.llm.llm_engine.engine_core.engine_core
         self.scheduler = core.scheduler
         self.layout: Layout | None = None

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,18 @@ class Replayer:
                               endpoint=f"tcp://127.0.0.1:{free_port()}",
                               replay_endpoint=f"tcp://127.0.0.1:{self.port}")
 
+    def engine(self, make: Callable[[KVEventsConfig], Engine], attempts: int = 3) -> Engine:
+        """``make(self.config())``; again on other ports if one was taken between
+        ``free_port`` picking it and vLLM binding it (vLLM's own start binds ports too)."""
+        for attempt in range(attempts):
+            try:
+                return make(self.config())
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EADDRINUSE or attempt == attempts - 1:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
     def events(self) -> list[Any]:
         """Every event of every batch published so far, in order."""
         sock = self.ctx.socket(zmq.DEALER)
@@ -228,8 +240,9 @@ CHUNK_BYTES = 2 * 2 * 32 * 2 * CHUNK_TOKENS * 2  # K and V, 2 heads of 32, bf16,
 
 def two_prompts_through_three_slots(tmp_path: Path, replay: Replayer, **options: Any) -> Engine:
     """An engine whose host tier has 3 slots, after two 2-chunk prompts (one eviction)."""
-    engine = Engine(tiny_models.llama(tmp_path / "llama"), num_blocks=14,
-                    kv_events=replay.config(), host_bytes=3 * CHUNK_BYTES, **options)
+    engine = replay.engine(lambda events: Engine(
+        tiny_models.llama(tmp_path / "llama"), num_blocks=14, kv_events=events,
+        host_bytes=3 * CHUNK_BYTES, **options))
     for seed in (21, 22):
         engine.generate([tokens(seed, PROMPT_TOKENS)], max_tokens=2)
     return engine
