@@ -3,10 +3,10 @@
 One run measures, on the bundled Mooncake conversation trace (12,031 requests, 288,500
 block references) for one full-attention group of 512-token chunks and LRU:
 
-* ``refs_s``: hashing every request's synthetic token stream once (``Workload``), shared
-  by every policy a replay compares;
+* ``refs_s``: keying every request's references once (``Workload``: ``ReplayChain``s
+  over the block ids), shared by every policy a replay compares;
 * ``replay_s``: the replay itself, through the real ``Planner`` and ``ChunkStore`` (each
-  request's stream hashed once: the planner takes the prompt's chain from its references);
+  request keyed once: the planner takes the prompt's chain from its references);
 * ``plain_s``: a straightforward ``OrderedDict`` LRU over the block ids, in the same
   process; ``ratio`` is ``(refs_s + replay_s) / plain_s`` (the machine is shared and noisy:
   compare ratios, not seconds).
