@@ -59,6 +59,7 @@ from kvtier.tiers.redis.options import (
     redact,
     secrets_of,
 )
+from kvtier.tiers.redis.quiet import unwatch, watch
 
 __all__ = ["Backoff", "RedisTier"]
 
@@ -95,6 +96,8 @@ class RedisTier(AsyncTwins):
         self._workers = Workers(self.name, workers)
         self._nodes = Nodes(opened, self.backoff, clock, self.stats, self.url, timeout_s,
                             partial(hide, secrets=secrets))
+        self._secrets = secrets
+        watch(secrets)  # and from redis-py's own log records (kvtier.tiers.redis.quiet)
 
     # ---- health ------------------------------------------------------------------------
 
@@ -260,6 +263,8 @@ class RedisTier(AsyncTwins):
         """Finish queued work, stop the workers and close the connections."""
         self._workers.close()
         self._nodes.close()
+        secrets, self._secrets = self._secrets, ()
+        unwatch(secrets)
 
 
 def _address(
