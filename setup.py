@@ -21,6 +21,7 @@ COMPILED = [
     "src/kvtier/integrations/vllm/scheduled.py",
     "src/kvtier/integrations/vllm/scheduler.py",
     "src/kvtier/integrations/vllm/state.py",
+    "src/kvtier/integrations/vllm/tracked.py",
     "src/kvtier/keys.py",
     "src/kvtier/planner/binding.py",
     "src/kvtier/planner/jobs.py",

@@ -29,7 +29,7 @@ def plan() -> StepPlan:
     store = TransferJob(8, "req-2", "store", (PlannedCopy(2, 3, KEY, 6, (11, 12, 13)),))
     return StepPlan(loads=(load,), stores=(store,), flush=(5, 6),
                     promotes=(Promotion(-1, "redis", (KEY,), (4,)),),
-                    demotions=(Demotion(KEY, 3, 0),), idle=True)
+                    demotions=(Demotion(KEY, 3, 0),), idle=True, sync=(7,))
 
 
 @pytest.mark.parametrize("value", [

@@ -72,7 +72,8 @@ def produce(sim: VllmSim, *prompts: list[int]) -> None:
 
 def consume(sim: VllmSim, prompt: list[int], max_steps: int = 10) -> tuple[int, int]:
     """Step (settling after each) until the consumer is scheduled: (tokens restored, steps
-    before it; a hit from host memory takes one: the load's)."""
+    before it; a hit from host memory takes none: it loads in the step that schedules the
+    request, ``sync_loads``)."""
     sim.add("consumer", prompt)
     for waited in range(max_steps):
         out = sim.step()
@@ -86,7 +87,7 @@ def test_write_back_disk_hit_after_host_eviction(tmp_path: Path) -> None:
     sim, _ = tier_sim(disk=disk(tmp_path))
     produce(sim, PROMPT_A, PROMPT_B)
     hit, waited = consume(sim, PROMPT_A)
-    assert (hit, waited) == (96, 2)  # a step promoting from disk, a step loading
+    assert (hit, waited) == (96, 1)  # a step promoting from disk; then loaded and computed
     assert sim.check_restored("consumer", 96) == []
     assert chunks(sim, "load", "consumer") == {(0, 0), (0, 1), (0, 2)}
     # negative control: the check sees a restored block that differs from cold KV
@@ -135,9 +136,9 @@ def test_redis_hit_and_server_killed(tmp_path: Path) -> None:
         sim, _ = tier_sim(redis={"url": server.url, "timeout_s": 2.0})
         produce(sim, PROMPT_A, PROMPT_B)
         hit, waited = consume(sim, PROMPT_A)
-        # a step probing (nothing else is scheduled: it waits for the probe) and one
-        # promoting; the load runs in the step that schedules the request
-        assert (hit, waited) == (96, 2)
+        # a step promoting (nothing else is scheduled: it waits for the probe, then for the
+        # promotion); the load runs in the step that schedules the request
+        assert (hit, waited) == (96, 1)
         assert sim.check_restored("consumer", 96) == []
         # the lookup's probes (its last chunk first, then the rest) make one promotion,
         # one read of the server instead of one after the other
@@ -201,7 +202,7 @@ def test_disk_chunk_promoted_past_admission(tmp_path: Path) -> None:
     assert all(record_path(tmp_path / "kv" / "rank0", k).exists() for k in stored)
     sim.scheduler.connector.scheduler.clear_cache()  # host memory empty: disk only
     hit, waited = consume(sim, PROMPT_A)
-    assert (hit, waited) == (96, 2)  # a step promoting from disk, a step loading
+    assert (hit, waited) == (96, 1)  # a step promoting from disk; then loaded and computed
     assert sim.check_restored("consumer", 96) == []
     assert metrics(sim)["chunks_not_admitted"] == 6  # the promotion was not filtered
     run(sim)

@@ -184,6 +184,9 @@ class KvProbe:
             for job in plan.loads:
                 self.loading.setdefault(job.request_id, []).extend(job.copies)
             before(plan)
+            for job in plan.loads:  # a synchronous load is done, and in no report
+                if job.id in plan.sync:
+                    self._check(job.request_id)
 
         def collect_and_check(idle: bool = False) -> Any:
             report = collect(idle)

@@ -78,6 +78,13 @@ class KvtierOptions:
     prune_chunked_local: bool = False
     """With ``end`` or ``shared``, also store fewer chunked-local chunks (by default they
     are stored as in ``dense``, keeping every hit native offloading has)."""
+    sync_loads: bool = True
+    """Load a hit from host memory in the step that schedules its request, before that
+    step's forward (vLLM's synchronous load), rather than in a step of its own: the first
+    token comes a step sooner. Only a model with one KV-cache group loads so: vLLM can tell
+    which request a failed synchronous load hurt (and recompute it) only there: a hybrid
+    model's loads stay asynchronous. (A hit promoted from a tier below waits for its read
+    as before, then loads so.)"""
     tiers: TierConfig = field(default=None)  # type: ignore[assignment]
     """The hierarchy (``TierConfig``): host memory, and optionally disk and Redis below it.
     Not a key of its own: built from the ``TierConfig`` keys (or ``host_bytes``)."""
@@ -105,6 +112,8 @@ class KvtierOptions:
         if not isinstance(self.prune_chunked_local, bool):
             raise ValueError(
                 f"prune_chunked_local must be true or false, got {self.prune_chunked_local!r}")
+        if not isinstance(self.sync_loads, bool):
+            raise ValueError(f"sync_loads must be true or false, got {self.sync_loads!r}")
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KvtierOptions:

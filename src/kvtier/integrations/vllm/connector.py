@@ -105,6 +105,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 boundaries=setup.options.boundaries,
                 prune_chunked_local=setup.options.prune_chunked_local,
                 admission=setup.tiers.admission(),
+                # vLLM recomputes a failed synchronous load only with one KV-cache group
+                sync_loads=setup.options.sync_loads and len(kv_cache_config.kv_cache_groups) == 1,
                 tiers=scheduler_tiers(setup.tiers, setup.num_workers, slot_bytes, geometry))
             self._stats = ConnectorStats.of_scheduler(self.scheduler)  # from step one on
             self._tally = RankTally(setup.num_workers)
@@ -267,6 +269,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._completed[job_id] = (1, ok)
         return KVConnectorTransferResults(finished_recving=set(report.loaded),
                                           failed_recving=set(report.failed_loads))
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker().take_failed_blocks()
 
     def build_connector_worker_meta(self) -> KvtierWorkerMetadata | None:
         if not self._completed:

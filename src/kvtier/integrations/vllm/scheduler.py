@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 from kvtier import coverage
 from kvtier.boundaries import BoundaryMode
 from kvtier.integrations.vllm.steps import NOTHING, BlockIds, JobReport, StepPlan, StepRequest
 from kvtier.integrations.vllm.tiers import TieredHost
+from kvtier.integrations.vllm.tracked import TrackedJob, TrackedRequest
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.layout import Layout
 from kvtier.planner import Outcome, Planner, RequestLimits, TransferJob
@@ -55,34 +55,6 @@ at once and hold the GIL the waiting thread needs after each read; bounded, so t
 arriving meanwhile is scheduled soon."""
 
 
-@dataclass
-class _Request:
-    """``num_tokens``: tokens handed to the planner (``append_tokens``); ``prior_horizon``:
-    the last horizon store planning saw; ``num_boundaries``: admissible boundaries at the
-    last horizon handed to ``Planner.on_computed``; ``retry``: that call had a store
-    refused, so call it again next step; ``live_from``: per group,
-    ``coverage.retained_blocks(group, prior_horizon).start``, before which a later store
-    reads no block (``_forget_reallocated``); ``stored_all``: ``store: prompt`` and the
-    whole prompt planned, none refused: no store comes until a preemption, so no table is
-    kept (``step``)."""
-
-    tables: list[list[int | None]]
-    num_prompt: int
-    num_tokens: int = 0
-    prior_horizon: int = 0
-    num_boundaries: int = 0
-    retry: bool = False
-    live_from: list[int] = field(default_factory=list)
-    stored_all: bool = False
-
-
-@dataclass
-class _Job:
-    job: TransferJob
-    pending_workers: int
-    ok: bool = True
-
-
 class ConnectorScheduler:
     """Per-step planning for vLLM over one ``Planner`` and a metadata-only ``ChunkStore``.
 
@@ -92,6 +64,8 @@ class ConnectorScheduler:
     (the lookup deadline). ``admission``: when a new chunk is stored (``admit_after``).
     ``changes`` grows with every call that may move the planner's metrics or the store's
     events (not with a step that plans nothing): the connector's stats read it.
+    ``sync_loads``: hits are loaded in the step that computes their requests (vLLM's
+    synchronous load; ``StepPlan.sync``), not in a step of their own.
     """
 
     def __init__(
@@ -100,6 +74,7 @@ class ConnectorScheduler:
         boundaries: BoundaryMode = "dense", prune_chunked_local: bool = False,
         tiers: Callable[[ChunkStore], TieredHost] | None = None,
         clock: Callable[[], float] = time.monotonic, admission: Admission | None = None,
+        sync_loads: bool = False,
     ) -> None:
         self.layout = layout
         self.store = ChunkStore(num_slots, policy=policy, admission=admission)
@@ -111,9 +86,11 @@ class ConnectorScheduler:
         self._limits = RequestLimits(store="prompt" if store == "prompt" else "all",
                                      boundaries=boundaries,
                                      prune_chunked_local=prune_chunked_local)
-        self._requests: dict[str, _Request] = {}
-        self._jobs: dict[int, _Job] = {}
+        self._requests: dict[str, TrackedRequest] = {}
+        self._jobs: dict[int, TrackedJob] = {}
         self._loads: list[TransferJob] = []
+        self.sync_loads = sync_loads
+        self._sync: list[int] = []  # this step's synchronous loads (``StepPlan.sync``)
         self._fresh: set[int] = set()
         self._unaccepted: set[str] = set()
         self._ready: set[ChunkKey] = set()
@@ -133,7 +110,7 @@ class ConnectorScheduler:
         self.changes += 1
         self.planner.add_request(request_id, prompt, salt=salt, limits=self._limits)
         empty: list[list[int | None]] = [[] for _ in self.layout.groups]
-        self._requests[request_id] = _Request(empty, len(prompt), len(prompt),
+        self._requests[request_id] = TrackedRequest(empty, len(prompt), len(prompt),
                                               live_from=[0] * len(self.layout.groups))
 
     def lookup(self, request_id: str, num_computed: int, tokens: Sequence[int] = ()
@@ -153,7 +130,7 @@ class ConnectorScheduler:
         if found.outcome is Outcome.MISS:
             return 0, False
         self._unaccepted.add(request_id)
-        return found.hit_tokens - num_computed, True
+        return found.hit_tokens - num_computed, not self.sync_loads
 
     def after_alloc(
         self, request_id: str, block_ids: Sequence[BlockIds], num_external: int
@@ -172,7 +149,10 @@ class ConnectorScheduler:
         table = [_table_ids(ids) for ids in block_ids]
         job = self.planner.accept_hit(request_id, table)
         self._loads.append(job)
-        self._jobs[job.id] = _Job(job, self.num_workers)
+        if self.sync_loads:
+            self._sync.append(job.id)
+            self._requests[request_id].loading_sync = True
+        self._jobs[job.id] = TrackedJob(job, self.num_workers, sync=self.sync_loads)
 
     def finish(self, request_id: str) -> None:
         """The request finished or was aborted; its stores in flight stay fenced."""
@@ -186,8 +166,8 @@ class ConnectorScheduler:
         if req is not None:
             self.changes += 1
             self.planner.preempt(request_id)
-            req.tables, req.prior_horizon = [[] for _ in self.layout.groups], 0
-            req.num_boundaries, req.live_from = 0, [0] * len(self.layout.groups)
+            req.tables = [[] for _ in self.layout.groups]
+            req.restart_stores(len(self.layout.groups))
             req.stored_all = False  # its recomputed prompt is planned again
 
     # ---- steps -------------------------------------------------------------------------
@@ -221,8 +201,8 @@ class ConnectorScheduler:
         if self._unaccepted or not steps or self.tiers is not None:
             self.changes += 1
         plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below,
-                        idle=not steps)
-        self._loads, self._fresh, self._unaccepted = [], set(), set()
+                        idle=not steps, sync=tuple(self._sync))
+        self._loads, self._sync, self._fresh, self._unaccepted = [], [], set(), set()
         return plan
 
     def quiet(self, horizons: Sequence[tuple[str, int]]) -> StepPlan | None:
@@ -308,13 +288,14 @@ class ConnectorScheduler:
         refusals = metrics.store_refusals
         job = self.planner.on_computed(s.request_id, horizon, req.tables)
         req.retry = metrics.store_refusals > refusals
-        if self._limits.store == "prompt" and horizon >= req.num_prompt and not req.retry:
+        if (self._limits.store == "prompt" and horizon >= req.num_prompt and not req.retry
+                and not req.loading_sync):
             req.stored_all, req.tables = True, [[] for _ in req.tables]
         if job is not None:
-            self._jobs[job.id] = _Job(job, self.num_workers)
+            self._jobs[job.id] = TrackedJob(job, self.num_workers)
         return job
 
-    def _due(self, req: _Request, horizon: int) -> bool:
+    def _due(self, req: TrackedRequest, horizon: int) -> bool:
         """Whether store planning has work at ``horizon`` (past the last planned one): a
         refused store to retry, the prompt's end or a boundary passed since."""
         return (req.retry or req.prior_horizon < req.num_prompt <= horizon
@@ -327,7 +308,7 @@ class ConnectorScheduler:
             self.planner.append_tokens(request_id, tokens[req.num_tokens :])
             req.num_tokens = len(tokens)
 
-    def _advance(self, req: _Request, horizon: int) -> None:
+    def _advance(self, req: TrackedRequest, horizon: int) -> None:
         req.prior_horizon = horizon
         for gi in self._windowed:
             req.live_from[gi] = coverage.retained_blocks(self.layout.groups[gi], horizon).start
@@ -353,12 +334,18 @@ class ConnectorScheduler:
                 finished.append(self._complete(self._jobs.pop(job_id)))
         return finished
 
-    def _complete(self, entry: _Job) -> JobReport:
+    def _complete(self, entry: TrackedJob) -> JobReport:
         job = entry.job
         if job.direction == "load":
             # A failed load drops its chunks: the retry recomputes instead of failing again.
             bad = () if entry.ok else [c.key for c in job.copies]
             self.planner.complete_load(job.id, entry.ok, bad)
+            req = self._requests.get(job.request_id) if entry.sync else None
+            if req is not None:
+                req.loading_sync = False
+                if not entry.ok:  # vLLM computes the request again in the blocks it holds
+                    self.planner.preempt(job.request_id)  # its stores are planned again
+                    req.restart_stores(len(self.layout.groups))
         else:
             self.planner.complete_store(job.id, entry.ok)
             if not entry.ok and self.tiers is not None:

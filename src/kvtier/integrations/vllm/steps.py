@@ -40,7 +40,9 @@ class StepPlan:
     store jobs to finish before any block is overwritten; with lower tiers, the chunks to
     write down before any slot is reused and the promotions into host slots
     (``kvtier.integrations.vllm.tiers``). ``idle``: vLLM scheduled no request this step
-    (it steps only because a request waits, e.g. for a promotion)."""
+    (it steps only because a request waits, e.g. for a promotion). ``sync``: the ids of the
+    loads vLLM scheduled as synchronous, whose requests compute in this step's forward:
+    the workers finish them before it, and report a failed one by its blocks."""
 
     loads: tuple[TransferJob, ...] = ()
     stores: tuple[TransferJob, ...] = ()
@@ -48,12 +50,13 @@ class StepPlan:
     promotes: tuple[Promotion, ...] = ()
     demotions: tuple[Demotion, ...] = ()
     idle: bool = False
+    sync: tuple[int, ...] = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled through the constructor: vLLM sends it between processes, and the
         compiled build's frozen classes refuse the default pickle's attribute writes."""
         return (StepPlan, (self.loads, self.stores, self.flush, self.promotes, self.demotions,
-                           self.idle))
+                           self.idle, self.sync))
 
 
 NOTHING = StepPlan()

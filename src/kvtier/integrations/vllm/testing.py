@@ -193,7 +193,7 @@ def kvtier_jobs_done(meta: Any) -> tuple[KVConnectorOutput, int]:
 
     plan = meta.plan
     done = {job.id: (1, True) for job in [*plan.loads, *plan.stores]}
-    recving = {job.request_id for job in plan.loads}
+    recving = {job.request_id for job in plan.loads if job.id not in plan.sync}
     stored = sum(len(c.block_ids) for job in plan.stores for c in job.copies)
     meta = KvtierWorkerMetadata(done)
     return KVConnectorOutput(finished_recving=recving, kv_connector_worker_meta=meta), stored
@@ -236,8 +236,7 @@ class VllmSim:
                                    hash_block_size=min(g.block_size for g in groups),
                                    log_stats=True)
         self.hasher = get_request_block_hasher(min(g.block_size for g in groups), sha256)
-        self.lookahead = lookahead
-        self.sync_transfers = sync_transfers
+        self.lookahead, self.sync_transfers = lookahead, sync_transfers
         self.report = report  # without a worker: its stand-in (native_jobs_done, ...)
         self.plans: list[Any] = []  # every step's connector metadata, for assertions
         self.requests: dict[str, SimRequest] = {}
@@ -304,6 +303,7 @@ class VllmSim:
         output = KVConnectorOutput(
             finished_sending=results.finished_sending, finished_recving=results.finished_recving,
             failed_recving=results.failed_recving,
+            invalid_block_ids=self.worker.get_block_ids_with_load_errors(),
             kv_connector_worker_meta=self.worker.build_connector_worker_meta())
         self.worker.clear_connector_metadata()
         return output

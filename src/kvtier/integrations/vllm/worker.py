@@ -6,24 +6,28 @@ store, and one ``TransferEngine`` over its KV tensors. Per step, in vLLM's order
 1. ``before_forward(plan)`` (vLLM's ``handle_preemptions``, which runs before vLLM zeroes
    or copies any block): write down the chunks the plan demotes (their bytes are copied
    before any job of the plan may overwrite their slots), wait for the earlier store jobs
-   in ``plan.flush``, then start this step's loads and promotions;
+   in ``plan.flush``, then start this step's loads and promotions, and wait for the
+   synchronous loads (``plan.sync``), whose requests this step's forward computes;
 2. ``after_forward(plan)`` (``wait_for_save``): start this step's stores, which read the
    KV the forward just wrote;
 3. ``collect()`` (``get_finished``): the jobs finished since the last call, after waiting
    for this step's loads.
 
-Why a load is waited for in its own step: its request does nothing until the load is
-reported, and vLLM reports it only at the end of a step. Left to finish in the background, a
-load of tens of megabytes is reported one or more steps late, and vLLM's loop, stepping
-without pause meanwhile, holds the GIL that the copying thread needs between its copies (up
-to Python's 5 ms switch interval each time): measured on the CPU engine, a 31 MiB load took
-40-70 ms beside the spinning loop and 3968 tokens came warm in about 3x a resident hit.
-Waiting lets go of the GIL, and the copy has run beside this step's forward already.
-For the same reason, in a step where vLLM scheduled nothing (``StepPlan.idle``: it steps only
-because a request waits, e.g. for a promotion) ``collect`` waits up to ``IDLE_WAIT_S`` for a
-promotion to finish rather than return to a loop that would spin and hold the GIL the tier
-thread needs after each read (measured: a 14-chunk promotion from one Redis server took
-150-290 ms beside the spinning loop).
+vLLM waits for no report of a synchronous load: a failed one is told by its blocks
+(``take_failed_blocks``), from which vLLM computes its request again.
+
+Why an asynchronous load is waited for in the step that started it: its request does
+nothing until the load is reported, and vLLM reports it only at the end of a step. Left to
+finish in the background, a load of tens of megabytes is reported one or more steps late,
+and vLLM's loop, stepping without pause meanwhile, holds the GIL that the copying thread
+needs between its copies (up to Python's 5 ms switch interval each time): measured on the
+CPU engine, a 31 MiB load took 40-70 ms beside the spinning loop and 3968 tokens came warm
+in about 3x a resident hit. Waiting lets go of the GIL, and the copy has run beside this
+step's forward already. For the same reason, in a step where vLLM scheduled nothing
+(``StepPlan.idle``: it steps only because a request waits, e.g. for a promotion)
+``collect`` waits up to ``IDLE_WAIT_S`` for a promotion to finish rather than return to a
+loop that would spin and hold the GIL the tier thread needs after each read (measured: a
+14-chunk promotion from one Redis server took 150-290 ms beside the spinning loop).
 
 With lower tiers (``tiers``, a ``RankTiers``) promotions run on the tier thread, and under
 write-through a store job is reported only once its chunks are written to every tier
@@ -90,6 +94,8 @@ class ConnectorWorker:
         self._report = WorkerReport()
         self.tiers = tiers
         self._tier_jobs: dict[Future[bool], TransferJob | int] = {}  # -> store job or promotion id
+        self._sync: set[int] = set()  # kvtier ids of the synchronous loads in flight
+        self._failed_blocks: set[int] = set()
 
     def register(self, layers_by_group: Sequence[Sequence[torch.Tensor]], num_blocks: int) -> None:
         """The KV tensors of every group, in layout order, each with ``num_blocks`` blocks
@@ -114,6 +120,12 @@ class ConnectorWorker:
         for p in plan.promotes:
             self._on_tiers(p.id, partial(self._tiers().promote, self.slab, p.tier, p.keys,
                                          p.slots))
+        if plan.sync:  # their requests' forward reads them next
+            self._sync.update(plan.sync)
+            for job_id in plan.sync:
+                engine_id = self._by_kv_id.get(job_id)
+                if engine_id is not None and engine_id in self._running:
+                    self._finish(engine.wait(engine_id))
 
     def after_forward(self, plan: StepPlan) -> None:
         for job in plan.stores:
@@ -143,6 +155,13 @@ class ConnectorWorker:
         if report.completed:  # every load and failure comes with its job: else it is empty
             self._report = WorkerReport()
         return report
+
+    def take_failed_blocks(self) -> set[int]:
+        """The blocks of the synchronous loads (``StepPlan.sync``) that failed since the
+        last call: vLLM recomputes their requests from the first of them (their requests
+        are in no ``WorkerReport``: vLLM waits for no report of a synchronous load)."""
+        failed, self._failed_blocks = self._failed_blocks, set()
+        return failed
 
     def wait_all(self) -> None:
         """Wait for every job in flight; the next ``collect`` reports them (tests, shutdown)."""
@@ -209,10 +228,16 @@ class ConnectorWorker:
     def _done(self, job: TransferJob, ok: bool) -> None:
         report = self._report
         report.completed[job.id] = ok
-        if job.direction == "load":
-            report.loaded.add(job.request_id)
+        if job.direction != "load":
+            return
+        if job.id in self._sync:  # vLLM waits for no report of it, only hears of a failure
+            self._sync.discard(job.id)
             if not ok:
-                report.failed_loads.add(job.request_id)
+                self._failed_blocks.update(b for c in job.copies for b in c.block_ids if b)
+            return
+        report.loaded.add(job.request_id)
+        if not ok:
+            report.failed_loads.add(job.request_id)
 
 
 def _block_axis(layers: Sequence[torch.Tensor], num_blocks: int) -> Literal[0, 1]:

@@ -1,0 +1,133 @@
+"""Synchronous loads (``sync_loads``, the default) inside vLLM's real Scheduler.
+
+A hit from host memory on a model with one KV-cache group is loaded in the step that
+schedules its request, before that step's forward: no step of its own. Its restored KV is
+what a cold computation writes; a failed one is reported by its blocks and vLLM recomputes
+the request; a model with several KV-cache groups (whose failed blocks vLLM cannot map back
+to a request) keeps asynchronous loads, and so does ``sync_loads: false``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("vllm.config", reason="needs vLLM 0.33: scripts/install_vllm_test_env.sh")
+from vllm_helpers import chunks, make_sim, metrics, required
+
+from kvtier.integrations.vllm.testing import SimGroup, VllmSim
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = list(range(2000, 2100))  # 100 tokens
+CONSUMER = PROMPT + list(range(40, 50))  # shares the 100-token prefix, 110 tokens
+ONE_GROUP = [SimGroup("full", 16, num_layers=2)]
+HYBRID = [SimGroup("full", 16), SimGroup("swa", 16, window=32)]
+
+
+def _produce(sim: VllmSim) -> None:
+    sim.add("producer", PROMPT, max_tokens=2)
+    sim.run()
+    sim.reset_device_cache()
+    sim.add("consumer", CONSUMER, max_tokens=2)
+
+
+def _first_steps(sim: VllmSim, n: int) -> list[int]:
+    """Tokens the consumer was scheduled for in each of the next ``n`` steps (0: none)."""
+    return [sim.step().num_scheduled_tokens.get("consumer", 0) for _ in range(n)]
+
+
+def _sync_ids(sim: VllmSim) -> list[int]:
+    return [job_id for meta in sim.plans for job_id in meta.plan.sync]
+
+
+def test_host_hit_is_loaded_in_the_step_that_computes_its_request() -> None:
+    # the load's copies wait at a gate that only the worker's waiting for a job opens: a
+    # load not waited for before the forward is then certain to be late, not merely likely
+    gate = threading.Event()
+    gate.set()
+    sim = make_sim(ONE_GROUP, chunk_tokens=32, fault=lambda copy: gate.wait())
+    engine = sim.worker.worker.engine
+    wait = engine.wait
+
+    def opening_wait(job_id: int, timeout: float | None = None) -> object:
+        gate.set()
+        return wait(job_id, timeout)
+
+    engine.wait = opening_wait
+    _produce(sim)
+    gate.clear()
+    forward, at_forward = sim._forward, []
+
+    def checked_forward(req_id: str, num_scheduled: int, out: object) -> None:
+        if req_id == "consumer":  # what its forward's attention reads is there already
+            at_forward.append(sim.check_restored(req_id, 96))
+        forward(req_id, num_scheduled, out)
+
+    sim._forward = checked_forward  # type: ignore[method-assign]
+    assert _first_steps(sim, 1) == [len(CONSUMER) - 96]  # no step of its own
+    assert at_forward == [[]]
+    loads = [job for meta in sim.plans for job in meta.plan.loads]
+    assert [job.request_id for job in loads] == ["consumer"]
+    assert _sync_ids(sim) == [loads[0].id]
+    assert metrics(sim)["hit_tokens"] == 96 and metrics(sim)["load_failures"] == 0
+    assert chunks(sim, "load", "consumer") == required(sim, 96)
+    assert sim.check_restored("consumer", 96) == []
+    # negative control: the check sees a restored block that differs from cold KV
+    block = sim.scheduler.kv_cache_manager.get_block_ids("consumer")[0][2]
+    sim.kv["g0.l1"][block, 0, 3] += 1
+    assert sim.check_restored("consumer", 96) == [(0, 35)]
+    sim.run()
+    sim.close()
+
+
+@pytest.mark.parametrize(("groups", "options"), [
+    (ONE_GROUP, {"sync_loads": False}), (HYBRID, {})], ids=["turned-off", "hybrid"])
+def test_asynchronous_loads_take_a_step_of_their_own(groups: list[SimGroup],
+                                                     options: dict[str, bool]) -> None:
+    sim = make_sim(groups, chunk_tokens=32, **options)
+    _produce(sim)
+    assert _first_steps(sim, 2) == [0, len(CONSUMER) - 96]
+    assert _sync_ids(sim) == []
+    assert sim.check_restored("consumer", 96) == []
+    sim.run()
+    sim.close()
+
+
+@pytest.mark.parametrize("store", ["all", "prompt"])
+def test_failed_synchronous_load_is_recomputed(store: str) -> None:
+    failing = {"on": False}
+
+    def fault(copy: object) -> None:
+        if failing["on"]:
+            raise OSError("injected transfer failure")
+
+    sim = make_sim(ONE_GROUP, chunk_tokens=32, fault=fault, store=store)
+    _produce(sim)
+    failing["on"] = True
+    # the failed step's forward ran on the bad blocks; vLLM drops what it sampled and
+    # computes the request again from its first failed block (here block 0: all of it)
+    assert _first_steps(sim, 1) == [len(CONSUMER) - 96]
+    failing["on"] = False
+    assert len(_sync_ids(sim)) == 1
+    consumer = sim.requests["consumer"].request
+    assert consumer.num_computed_tokens == 0 and list(consumer.output_token_ids) == []
+    assert _first_steps(sim, 1) == [len(CONSUMER)]
+    assert metrics(sim)["load_failures"] == 1
+    assert sim.check_restored("consumer", 96) == []  # the recomputed KV, not the bad load
+    sim.run()
+    assert list(consumer.output_token_ids) == [5, 5]  # max_tokens, none lost or doubled
+    # the failed load's chunks were dropped and the recomputed ones stored again: the
+    # next consumer hits them, loaded synchronously
+    sim.reset_device_cache()
+    sim.add("again", CONSUMER, max_tokens=2)
+    assert sim.step().num_scheduled_tokens["again"] == len(CONSUMER) - 96
+    assert sim.check_restored("again", 96) == []
+    sim.run()
+    sim.close()
+
+
+def test_a_sync_loads_option_that_is_not_a_bool_is_refused() -> None:
+    with pytest.raises(ValueError, match="sync_loads must be true or false, got 'yes'"):
+        make_sim(ONE_GROUP, chunk_tokens=32, sync_loads="yes")
