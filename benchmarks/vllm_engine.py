@@ -93,6 +93,8 @@ TARGETS = {
 }
 BLOCK_TOKENS = 128
 LAYERS, HIDDEN, KV_HEADS, HEADS = 8, 512, 4, 8
+OPTIONS: dict[str, Any] = {}
+"""More of kvtier's options (``--connector-option``), beside the benchmark's own."""
 
 
 def write_model(folder: Path) -> Path:
@@ -112,7 +114,8 @@ def start(model: Path, max_len: int, num_blocks: int, connector: bool) -> LLM:
     transfer = {"kv_connector": "KvtierConnector",
                 "kv_connector_module_path": "kvtier.integrations.vllm", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"chunk_tokens": BLOCK_TOKENS,
-                                              "host_bytes": 2 * num_blocks * block_bytes}}
+                                              "host_bytes": 2 * num_blocks * block_bytes,
+                                              **OPTIONS}}
     return LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
                max_model_len=max_len, enforce_eager=True, distributed_executor_backend="uni",
                kv_cache_memory_bytes=num_blocks * block_bytes,
@@ -242,6 +245,8 @@ def main() -> None:
     parser.add_argument("--decode-processes", type=int, default=4,
                         help="child processes the decoding rounds are shared out over, half "
                              "building kvtier's engine first (an even number, at least 2)")
+    parser.add_argument("--connector-option", action="append", default=[], metavar="KEY=JSON",
+                        help="one more of kvtier's options, e.g. sync_loads=false (repeatable)")
     parser.add_argument("--decode-first", choices=["kvtier", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -252,8 +257,17 @@ def main() -> None:
     if args.decode_processes < 2 or args.decode_processes % 2:
         parser.error(f"--decode-processes must be an even number of at least 2, "
                      f"got {args.decode_processes}")
+    for option in args.connector_option:
+        key, sep, value = option.partition("=")
+        try:
+            OPTIONS[key] = json.loads(value) if sep else None
+        except json.JSONDecodeError:
+            OPTIONS[key] = None
+        if OPTIONS[key] is None:
+            parser.error(f"--connector-option takes KEY=JSON (e.g. sync_loads=false), "
+                         f"got {option!r}")
     if args.model == "qwen3next":
-        vllm_hybrid.run(args, ttft_turn, timed, stop)
+        vllm_hybrid.run(args, ttft_turn, timed, stop, OPTIONS)
         return
     if args.quick:
         args.prompt_tokens, args.turns, args.decode_tokens, args.decode_rounds = 2000, 2, 96, 4
@@ -284,8 +298,8 @@ def main() -> None:
     met = (figures["ttft_kvtier_over_cold"] <= targets["ttft_kvtier_over_cold"]
            and figures["ttft_kvtier_over_vllm_hit"] <= targets["ttft_kvtier_over_vllm_hit"]
            and figures["decode_kvtier_over_none"] >= targets["decode_kvtier_over_none"])
-    print(json.dumps({"benchmark": "vllm_engine", "build": describe(), "figures": figures,
-                      "targets": targets, "met": met}))
+    print(json.dumps({"benchmark": "vllm_engine", "build": describe(), "options": OPTIONS,
+                      "figures": figures, "targets": targets, "met": met}))
 
 
 def run_child(args: argparse.Namespace, model: Path, out: Path, first: str, index: int
@@ -300,6 +314,8 @@ def run_child(args: argparse.Namespace, model: Path, out: Path, first: str, inde
                "--prompt-tokens", str(args.prompt_tokens), "--seed", str(100 + 1000 * index)]
     if args.control:
         command.append("--control")
+    for option in args.connector_option:
+        command += ["--connector-option", option]
     print(f"decoding, process {index + 1} of {args.decode_processes}: {rounds} rounds, "
           f"{first}'s engine built first",
           file=sys.stderr, flush=True)
@@ -354,7 +370,7 @@ def report(ttft: list[dict[str, float]], children: list[dict[str, Any]],
     }
     print(f"vLLM CPU engine, Llama {LAYERS} layers x {HIDDEN} hidden, "
           f"{args.prompt_tokens}-token prompts, {args.turns} turns, "
-          f"{args.decode_rounds} decoding rounds; build: {describe()}")
+          f"{args.decode_rounds} decoding rounds; build: {describe()}; options: {OPTIONS}")
     print(f"{'time to first token':<28}{'median s':>10}{'hit tokens':>12}")
     print(f"{'  cold':<28}{figures['ttft_cold_s']:>10.3f}{0:>12}")
     print(f"{'  warm from kvtier':<28}{figures['ttft_kvtier_s']:>10.3f}"

@@ -51,11 +51,12 @@ def write_model(folder: Path) -> Path:
     return folder
 
 
-def start(model: Path, max_len: int) -> LLM:
-    """The engine with ``KvtierConnector`` on its defaults (no ``chunk_tokens``)."""
+def start(model: Path, max_len: int, options: dict[str, Any]) -> LLM:
+    """The engine with ``KvtierConnector`` on its defaults (no ``chunk_tokens``), and
+    ``options`` (``vllm_engine.py --connector-option``)."""
     transfer = {"kv_connector": "KvtierConnector",
                 "kv_connector_module_path": "kvtier.integrations.vllm", "kv_role": "kv_both",
-                "kv_connector_extra_config": {"host_bytes": 512 << 20}}
+                "kv_connector_extra_config": {"host_bytes": 512 << 20, **options}}
     return LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
                max_model_len=max_len, enforce_eager=True, distributed_executor_backend="uni",
                kv_cache_memory_bytes=256 << 20, enable_prefix_caching=True,
@@ -63,12 +64,13 @@ def start(model: Path, max_len: int) -> LLM:
 
 
 def run(args: argparse.Namespace, ttft_turn: Callable[[LLM, int, int], dict[str, float]],
-        timed: Callable[..., Any], stop: Callable[[LLM], None]) -> None:
+        timed: Callable[..., Any], stop: Callable[[LLM], None],
+        options: dict[str, Any]) -> None:
     """The benchmark with ``vllm_engine``'s turn, timing and shutdown (passed in: this
     module is imported by it). ``--quick``: 2 turns of 2600-token prompts."""
     n, turns = (2600, 2) if args.quick else (args.prompt_tokens, args.turns)
     with tempfile.TemporaryDirectory() as tmp:
-        llm = start(write_model(Path(tmp) / "qwen3next"), n + BLOCK_TOKENS)
+        llm = start(write_model(Path(tmp) / "qwen3next"), n + BLOCK_TOKENS, options)
         timed(llm, [_warmup()], 4)  # first-call costs are not the engine's
         results = [ttft_turn(llm, turn, n) for turn in range(turns)]
         stop(llm)

@@ -10,6 +10,7 @@ to a request) keeps asynchronous loads, and so does ``sync_loads: false``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -42,20 +43,22 @@ def _sync_ids(sim: VllmSim) -> list[int]:
     return [job_id for meta in sim.plans for job_id in meta.plan.sync]
 
 
+def _opening(gate: threading.Event, wait: Callable[..., object]) -> Callable[..., object]:
+    def opening_wait(*args: object) -> object:
+        gate.set()
+        return wait(*args)
+    return opening_wait
+
+
 def test_host_hit_is_loaded_in_the_step_that_computes_its_request() -> None:
-    # the load's copies wait at a gate that only the worker's waiting for a job opens: a
-    # load not waited for before the forward is then certain to be late, not merely likely
+    # the load's copies wait at a gate that only the worker's waiting for a job (or its
+    # layers) opens: a load not waited for before the forward is then certain to be late
     gate = threading.Event()
     gate.set()
     sim = make_sim(ONE_GROUP, chunk_tokens=32, fault=lambda copy: gate.wait())
     engine = sim.worker.worker.engine
-    wait = engine.wait
-
-    def opening_wait(job_id: int, timeout: float | None = None) -> object:
-        gate.set()
-        return wait(job_id, timeout)
-
-    engine.wait = opening_wait
+    for name in ("wait", "wait_layers"):
+        setattr(engine, name, _opening(gate, getattr(engine, name)))
     _produce(sim)
     gate.clear()
     forward, at_forward = sim._forward, []
@@ -131,3 +134,54 @@ def test_failed_synchronous_load_is_recomputed(store: str) -> None:
 def test_a_sync_loads_option_that_is_not_a_bool_is_refused() -> None:
     with pytest.raises(ValueError, match="sync_loads must be true or false, got 'yes'"):
         make_sim(ONE_GROUP, chunk_tokens=32, sync_loads="yes")
+
+
+def test_a_request_that_ends_in_the_step_of_its_load_unpins_its_hit() -> None:
+    sim = make_sim(ONE_GROUP, chunk_tokens=32)
+    sim.add("producer", PROMPT, max_tokens=2)
+    sim.run()
+    sim.reset_device_cache()
+    consumer = sim.add("consumer", CONSUMER, max_tokens=1)
+    out = sim.step()  # loads, computes and finishes it
+    assert out.num_scheduled_tokens == {"consumer": len(CONSUMER) - 96}
+    assert consumer.is_finished() and metrics(sim)["hit_tokens"] == 96
+    sim.run()
+    # every stored chunk can be dropped: no load still pins one
+    assert sim.scheduler.connector.scheduler.clear_cache() == 3
+    sim.close()
+
+
+@pytest.mark.parametrize("skipped", ["wait_for_layer_load", "start_load_kv"])
+def test_a_load_the_forward_did_not_wait_for_is_computed_again(
+        skipped: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An engine whose attention never waits for its layers, or that starts the loads only
+    after the forward, may have read blocks not yet written: the load counts as failed."""
+    sim = make_sim(ONE_GROUP, chunk_tokens=32)
+    _produce(sim)
+    setattr(sim.worker, skipped, lambda *args: None)
+    assert _first_steps(sim, 2) == [len(CONSUMER) - 96, len(CONSUMER)]  # then from 0
+    assert metrics(sim)["load_failures"] == 1
+    assert "computed again. Set sync_loads to false" in caplog.text
+    assert sim.check_restored("consumer", 96) == []
+    sim.run()
+    sim.close()
+
+
+@pytest.mark.parametrize("skip_start", [False, True])
+def test_a_state_load_is_waited_for_whole_and_refused_when_late(skip_start: bool) -> None:
+    """A recurrent layer waits for no layer load: a state group's synchronous load is
+    waited for whole before the forward; started only after it, it counts as failed."""
+    from kvtier.integrations.vllm.hybrid_parity import MODELS, TOKENS, first_hit
+    from kvtier.integrations.vllm.hybrid_parity import make_sim as hybrid_sim
+
+    sim = hybrid_sim("falcon-mamba-7b", "kvtier", worker=True)
+    block = MODELS["falcon-mamba-7b"].block_size()
+    first_hit(sim, "producer", TOKENS[: 2 * block + 5])
+    sim.reset_device_cache()
+    if skip_start:
+        sim.worker.start_load_kv = lambda *args: None
+    first_hit(sim, "consumer", TOKENS[: 2 * block + 15], finish=False)
+    assert _sync_ids(sim)  # a synchronous load
+    assert metrics(sim)["load_failures"] == int(skip_start)
+    sim.run()
+    sim.close()

@@ -94,6 +94,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._requests: dict[str, Request] = {}
         # the plan before_forward ran for, held (not its id(): a freed plan's id is reused)
         self._prepared: StepPlan | None = None
+        self._started: StepPlan | None = None  # the plan whose synchronous loads started
+        self._layer_tensors: dict[str, int] = {}  # layer name -> its group's tensors to it
         self._completed: dict[int, tuple[int, bool]] = {}
         self._quiet = KvtierConnectorMetadata(NOTHING)  # a quiet step's (shared: read-only)
         slot_bytes, geometry = setup.slot_bytes, geometry_of(setup.layout)
@@ -236,13 +238,26 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         layers = [[t for name in g.layer_names for t in layer_tensors(kv_caches[name])]
                   for g in groups]
         self._worker().register(layers, self._kv_cache_config.num_blocks)
+        for g in groups:  # a layer's attention reads its group's first n tensors' blocks
+            n = 0
+            for name in g.layer_names:
+                n += len(layer_tensors(kv_caches[name]))
+                self._layer_tensors[name] = n
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(kv_connector_metadata, KvtierConnectorMetadata)
         self._before_forward(kv_connector_metadata.plan)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        self._before_forward(self._plan())
+        plan = self._plan()
+        self._before_forward(plan)
+        self._start_sync_loads(plan)
+
+    def _start_sync_loads(self, plan: StepPlan, late: bool = False) -> None:
+        if self._started is not plan:  # once a step: vLLM may reach this twice
+            self._started = plan
+            if plan.sync:
+                self._worker().start_sync_loads(plan, late=late)
 
     def _before_forward(self, plan: StepPlan) -> None:
         if self._prepared is not plan:  # vLLM may call both entry points in one step
@@ -250,7 +265,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker().before_forward(plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return None  # loads complete between steps (asynchronous), not per layer
+        """Before a layer's attention: its part of this step's synchronous loads is in
+        place (asynchronous loads completed in an earlier step)."""
+        if self._started is not None and self._started.sync:
+            self._worker().wait_layers(self._layer_tensors.get(layer_name, 1 << 30))
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:
@@ -259,6 +277,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_save(self) -> None:
         plan = self._plan()
         self._before_forward(plan)  # demotions and loads first, if vLLM skipped both hooks
+        self._start_sync_loads(plan, late=True)  # (too late to use: reported failed)
         self._worker().after_forward(plan)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:

@@ -140,8 +140,7 @@ def make_vllm_config(connector: str, extra: dict[str, Any], *, module_path: str 
                      block_size: int, num_blocks: int, max_model_len: int = 2048,
                      spec: SpecStandIn | None = None, failure_policy: str = "recompute",
                      cache: dict[str, Any] | None = None) -> VllmConfig:
-    """A ``VllmConfig`` over a tiny local Llama config, with ``connector`` configured;
-    ``cache``: more ``CacheConfig`` fields (e.g. ``mamba_cache_mode``)."""
+    """A ``VllmConfig``: a tiny local Llama, ``connector``, ``cache`` more ``CacheConfig``."""
     from transformers import LlamaConfig
 
     folder = tempfile.mkdtemp(prefix="kvtier-vllm-")
@@ -225,7 +224,7 @@ class VllmSim:
                  sync_transfers: bool = True, config: dict[str, Any] | None = None,
                  report: Callable[[Any], tuple[KVConnectorOutput, int]] | None = None) -> None:
         init_none_hash(sha256)
-        self.groups = list(groups)
+        self.groups, self.lookahead, self.sync_transfers = list(groups), lookahead, sync_transfers
         self.block_size = max(g.block_size for g in groups)
         self.config = make_vllm_config(connector, extra, module_path=module_path,
                                        block_size=self.block_size, num_blocks=num_blocks,
@@ -236,7 +235,6 @@ class VllmSim:
                                    hash_block_size=min(g.block_size for g in groups),
                                    log_stats=True)
         self.hasher = get_request_block_hasher(min(g.block_size for g in groups), sha256)
-        self.lookahead, self.sync_transfers = lookahead, sync_transfers
         self.report = report  # without a worker: its stand-in (native_jobs_done, ...)
         self.plans: list[Any] = []  # every step's connector metadata, for assertions
         self.requests: dict[str, SimRequest] = {}
@@ -294,6 +292,8 @@ class VllmSim:
         self.worker.bind_connector_metadata(meta)
         self.worker.handle_preemptions(meta)
         self.worker.start_load_kv(None)
+        for name in self.kv if out.num_scheduled_tokens else ():  # as attention does
+            self.worker.wait_for_layer_load(name)
         for req_id, n in out.num_scheduled_tokens.items():
             self._forward(req_id, n, out)
         self.worker.wait_for_save()

@@ -44,6 +44,7 @@ write-through a store job is reported only once its chunks are written to every 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ from kvtier.layout import Layout
 from kvtier.planner import TransferJob
 from kvtier.tiers.host import HostSlab
 from kvtier.transfer import ChunkCopy, FaultHook, GroupKV, JobResult, TransferEngine
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -96,6 +99,9 @@ class ConnectorWorker:
         self._tier_jobs: dict[Future[bool], TransferJob | int] = {}  # -> store job or promotion id
         self._sync: set[int] = set()  # kvtier ids of the synchronous loads in flight
         self._failed_blocks: set[int] = set()
+        self._sync_running: list[int] = []  # engine ids of this step's synchronous loads
+        self._layer_waits, self._warned = 0, False
+        self._layered = all(g.kind != "state" for g in layout.groups)
 
     def register(self, layers_by_group: Sequence[Sequence[torch.Tensor]], num_blocks: int) -> None:
         """The KV tensors of every group, in layout order, each with ``num_blocks`` blocks
@@ -116,20 +122,57 @@ class ConnectorWorker:
             if engine_id is not None and engine_id in self._running:
                 self._finish(engine.wait(engine_id))
         for job in plan.loads:
-            self._submit(job)
+            if job.id not in plan.sync:  # those start after vLLM's zeroing (start_sync_loads)
+                self._submit(job)
         for p in plan.promotes:
             self._on_tiers(p.id, partial(self._tiers().promote, self.slab, p.tier, p.keys,
                                          p.slots))
-        if plan.sync:  # their requests' forward reads them next
-            self._sync.update(plan.sync)
-            for job_id in plan.sync:
-                engine_id = self._by_kv_id.get(job_id)
-                if engine_id is not None and engine_id in self._running:
-                    self._finish(engine.wait(engine_id))
+
+    def start_sync_loads(self, plan: StepPlan, *, late: bool = False) -> None:
+        """Start the plan's synchronous loads (vLLM's ``start_load_kv``, after it zeroed or
+        copied this step's blocks, before its forward): layer by layer for ``wait_layers``
+        where every layer is attention (whose every layer waits: vLLM's
+        ``wait_for_layer_load``), else whole, waited for here (a recurrent layer waits for
+        nothing). ``late``: the forward has run already (vLLM skipped the hook): they are
+        reported failed."""
+        self._sync.update(plan.sync)
+        self._layer_waits = 0
+        self._sync_running = [self._submit(job, layered=self._layered)
+                              for job in plan.loads if job.id in plan.sync]
+        if late or not self._layered:
+            self._finish_sync_loads(checked=not late)
+
+    def wait_layers(self, count: int) -> None:
+        """Return once the first ``count`` layers of the synchronous loads in flight are in
+        place (vLLM's ``wait_for_layer_load``, before a layer's attention reads them)."""
+        self._layer_waits += 1
+        engine = self._engine()
+        for engine_id in self._sync_running:
+            engine.wait_layers(engine_id, count)
 
     def after_forward(self, plan: StepPlan) -> None:
+        if self._sync_running:
+            self._finish_sync_loads(checked=self._layer_waits > 0)
         for job in plan.stores:
             self._submit(job)
+
+    def _finish_sync_loads(self, checked: bool) -> None:
+        """Each synchronous load, finished. Unless ``checked`` (the forward waited for them
+        before reading their blocks, or has not run yet), each counts as failed: vLLM then
+        computes its request again."""
+        engine = self._engine()
+        running, self._sync_running = self._sync_running, []
+        for engine_id in running:
+            result = engine.wait(engine_id)
+            if not checked and result.ok:
+                if not self._warned:
+                    self._warned = True
+                    log.warning("kvtier: a synchronous load ran in a step whose forward did "
+                                "not wait for it (vLLM called no wait_for_layer_load, or "
+                                "start_load_kv only after the forward): its request is "
+                                "computed again. Set sync_loads to false for this engine.")
+                result = JobResult(result.job_id, "load", ok=False)
+            self._finish(result)
 
     def collect(self, idle: bool = False) -> WorkerReport:
         """Jobs finished since the last call; the loads submitted since then are waited for
@@ -165,6 +208,8 @@ class ConnectorWorker:
 
     def wait_all(self) -> None:
         """Wait for every job in flight; the next ``collect`` reports them (tests, shutdown)."""
+        if self._sync_running:
+            self._finish_sync_loads(checked=self._layer_waits > 0)
         engine = self._engine()
         for engine_id in list(self._running):
             self._finish(engine.wait(engine_id))
@@ -190,15 +235,17 @@ class ConnectorWorker:
             raise RuntimeError("register the KV caches before any transfer")
         return self.engine
 
-    def _submit(self, job: TransferJob) -> None:
+    def _submit(self, job: TransferJob, layered: bool = False) -> int:
         engine = self._engine()
         copies = [ChunkCopy(c.group, c.slot, c.block_ids, c.first_block) for c in job.copies]
-        submit = engine.submit_load if job.direction == "load" else engine.submit_store
-        engine_id = submit(copies)
-        self._running[engine_id] = job
         if job.direction == "load":
+            engine_id = engine.submit_load(copies, layered=layered)
             self._loading.append(engine_id)
+        else:
+            engine_id = engine.submit_store(copies)
+        self._running[engine_id] = job
         self._by_kv_id[job.id] = engine_id
+        return engine_id
 
     def _finish(self, result: JobResult) -> None:
         job = self._running.pop(result.job_id)
