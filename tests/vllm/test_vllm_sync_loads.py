@@ -185,3 +185,31 @@ def test_a_state_load_is_waited_for_whole_and_refused_when_late(skip_start: bool
     assert metrics(sim)["load_failures"] == int(skip_start)
     sim.run()
     sim.close()
+
+
+def test_a_step_finalized_after_its_transfer_results_loads_as_well() -> None:
+    """With speculative decoding vLLM defers ``wait_for_save`` past the step's transfer
+    results (and the drafter): the synchronous load is finished by then, and once."""
+    sim = make_sim(ONE_GROUP, chunk_tokens=32)
+    _produce(sim)
+    connector = sim.worker
+    save, clear = connector.wait_for_save, connector.clear_connector_metadata
+    deferred: list[str] = []
+
+    def deferred_save() -> None:
+        deferred.append("deferred")
+
+    def finalize() -> None:  # vLLM's finalize_kv_connector, after the results were read
+        if deferred:
+            deferred.clear()
+            save()
+        clear()
+
+    connector.wait_for_save, connector.clear_connector_metadata = deferred_save, finalize
+    sim.sync_transfers = False  # as in the engine: nothing waits for every job meanwhile
+    assert _first_steps(sim, 1) == [len(CONSUMER) - 96]
+    assert metrics(sim)["hit_tokens"] == 96 and metrics(sim)["load_failures"] == 0
+    assert sim.check_restored("consumer", 96) == []
+    sim.run()
+    assert list(sim.requests["consumer"].request.output_token_ids) == [5, 5]
+    sim.close()

@@ -178,15 +178,15 @@ class KvProbe:
                 for c in job.copies:
                     self.stored[bytes(c.key)] = self._blocks(c)
                     self.stored_slots[bytes(c.key)] = c.slot
-            after(plan)
+            after(plan)  # finishes the step's synchronous loads first
+            for job in plan.loads:  # a synchronous load is done now, and in no report
+                if job.id in plan.sync:
+                    self._check(job.request_id)
 
         def before_forward(plan: Any) -> None:
             for job in plan.loads:
                 self.loading.setdefault(job.request_id, []).extend(job.copies)
             before(plan)
-            for job in plan.loads:  # a synchronous load is done, and in no report
-                if job.id in plan.sync:
-                    self._check(job.request_id)
 
         def collect_and_check(idle: bool = False) -> Any:
             report = collect(idle)

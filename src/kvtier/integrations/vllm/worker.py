@@ -183,6 +183,8 @@ class ConnectorWorker:
             promotions = [f for f, job in self._tier_jobs.items() if isinstance(job, int)]
             if promotions:
                 wait(promotions, timeout=IDLE_WAIT_S, return_when=FIRST_COMPLETED)
+        if self._sync_running:  # vLLM may finalize the step (wait_for_save) only later
+            self._finish_sync_loads(checked=self._layer_waits > 0)
         loading, self._loading = self._loading, []
         if self._running:  # most decoding steps have no job in flight: nothing to ask
             engine = self._engine()
