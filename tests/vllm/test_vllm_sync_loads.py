@@ -51,14 +51,13 @@ def _opening(gate: threading.Event, wait: Callable[..., object]) -> Callable[...
 
 
 def test_host_hit_is_loaded_in_the_step_that_computes_its_request() -> None:
-    # the load's copies wait at a gate that only the worker's waiting for a job (or its
-    # layers) opens: a load not waited for before the forward is then certain to be late
+    # the load's copies wait at a gate that only the worker's waiting for a job opens: a
+    # load not waited for before the forward is then certain to be late, not merely likely
     gate = threading.Event()
     gate.set()
     sim = make_sim(ONE_GROUP, chunk_tokens=32, fault=lambda copy: gate.wait())
     engine = sim.worker.worker.engine
-    for name in ("wait", "wait_layers"):
-        setattr(engine, name, _opening(gate, getattr(engine, name)))
+    engine.wait = _opening(gate, engine.wait)
     _produce(sim)
     gate.clear()
     forward, at_forward = sim._forward, []
@@ -151,14 +150,13 @@ def test_a_request_that_ends_in_the_step_of_its_load_unpins_its_hit() -> None:
     sim.close()
 
 
-@pytest.mark.parametrize("skipped", ["wait_for_layer_load", "start_load_kv"])
-def test_a_load_the_forward_did_not_wait_for_is_computed_again(
-        skipped: str, caplog: pytest.LogCaptureFixture) -> None:
-    """An engine whose attention never waits for its layers, or that starts the loads only
-    after the forward, may have read blocks not yet written: the load counts as failed."""
+def test_a_load_started_after_the_forward_is_computed_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An engine that skips ``start_load_kv`` starts the loads only in ``wait_for_save``,
+    after a forward that may have read blocks not yet written: the load counts as failed."""
     sim = make_sim(ONE_GROUP, chunk_tokens=32)
     _produce(sim)
-    setattr(sim.worker, skipped, lambda *args: None)
+    sim.worker.start_load_kv = lambda *args: None
     assert _first_steps(sim, 2) == [len(CONSUMER) - 96, len(CONSUMER)]  # then from 0
     assert metrics(sim)["load_failures"] == 1
     assert "computed again. Set sync_loads to false" in caplog.text
@@ -168,9 +166,9 @@ def test_a_load_the_forward_did_not_wait_for_is_computed_again(
 
 
 @pytest.mark.parametrize("skip_start", [False, True])
-def test_a_state_load_is_waited_for_whole_and_refused_when_late(skip_start: bool) -> None:
-    """A recurrent layer waits for no layer load: a state group's synchronous load is
-    waited for whole before the forward; started only after it, it counts as failed."""
+def test_a_state_load_restores_and_is_refused_when_late(skip_start: bool) -> None:
+    """A single-group recurrent model (Falcon-Mamba) loads its state synchronously too;
+    started only after the forward, the load counts as failed."""
     from kvtier.integrations.vllm.hybrid_parity import MODELS, TOKENS, first_hit
     from kvtier.integrations.vllm.hybrid_parity import make_sim as hybrid_sim
 

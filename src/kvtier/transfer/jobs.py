@@ -24,7 +24,6 @@ finishes after every job queued before it in its direction.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import queue
 import threading
@@ -65,20 +64,17 @@ class _Job:
     job_id: int
     batches: list[Batch]
     ready: object | None
-    layered: bool = False
 
 
 class _Worker:
     """One direction: a FIFO queue and the thread that drains it."""
 
     def __init__(
-        self, direction: Direction, mover: Mover, report: Callable[[JobResult], None],
-        progress: Callable[[int, int], None],
+        self, direction: Direction, mover: Mover, report: Callable[[JobResult], None]
     ) -> None:
         self.direction = direction
         self._mover = mover
         self._report = report
-        self._progress = progress
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=f"kvtier-{direction}", daemon=True)
         self._thread.start()
@@ -95,11 +91,7 @@ class _Worker:
         run = self._mover.store if self.direction == "store" else self._mover.load
         while (job := self._queue.get()) is not None:
             try:
-                if job.layered:
-                    self._mover.load(job.batches, job.ready,
-                                     functools.partial(self._progress, job.job_id))
-                else:
-                    run(job.batches, job.ready)
+                run(job.batches, job.ready)
                 result = JobResult(job.job_id, self.direction, ok=True)
             except Exception as exc:  # reported to the caller, never swallowed
                 result = JobResult(job.job_id, self.direction, ok=False, error=exc)
@@ -138,7 +130,6 @@ class TransferEngine:
         self._cond = threading.Condition()
         self._pending: set[int] = set()
         self._done: dict[int, JobResult] = {}
-        self._layers: dict[int, int] = {}  # layered load in flight -> layers in place
         self._workers: dict[str, _Worker] = {}
         self._closed = False
 
@@ -184,33 +175,15 @@ class TransferEngine:
             for direction in ("store", "load"):
                 threads = self._load_threads or torch.get_num_threads()
                 mover = Mover(self.device, self._new_copier(threads))
-                self._workers[direction] = _Worker(direction, mover, self._report,
-                                                   self._progress)
+                self._workers[direction] = _Worker(direction, mover, self._report)
 
     def submit_store(self, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
         """Queue engine blocks -> slots; returns the job id. Bad copies raise ValueError."""
         return self._submit("store", copies)
 
-    def submit_load(self, copies: Sequence[ChunkCopy] | ChunkCopy, *,
-                    layered: bool = False) -> int:
-        """Queue slots -> engine blocks; returns the job id. Bad copies raise ValueError.
-
-        ``layered``: move the job layer by layer (on the CPU; on CUDA whole), so that
-        :meth:`wait_layers` can return as soon as the layers asked for are in place."""
-        return self._submit("load", copies, layered)
-
-    def wait_layers(self, job_id: int, count: int, timeout: float | None = None) -> None:
-        """Block until the first ``count`` layers of every group a ``layered`` load moves
-        are in place, or the job has ended (ok or not: :meth:`wait` tells which; a job
-        whose result was collected has ended; any other job is waited for whole);
-        ``TimeoutError`` after ``timeout`` s."""
-        def ready() -> bool:
-            return job_id not in self._pending or self._layers.get(job_id, -1) >= count
-
-        with self._cond:
-            if not self._cond.wait_for(ready, timeout):
-                raise TimeoutError(f"job {job_id}'s first {count} layers were not in place "
-                                   f"within {timeout} s")
+    def submit_load(self, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
+        """Queue slots -> engine blocks; returns the job id. Bad copies raise ValueError."""
+        return self._submit("load", copies)
 
     def poll(self) -> list[JobResult]:
         """Every job finished since the last poll or wait, by job id; each reported once."""
@@ -244,8 +217,7 @@ class TransferEngine:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _submit(self, direction: Direction, copies: Sequence[ChunkCopy] | ChunkCopy,
-                layered: bool = False) -> int:
+    def _submit(self, direction: Direction, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
         batches = plan_job(self._views, direction, copies, self._slab)  # checks the copies
         self.start()
         ready = self._record_ready()
@@ -254,9 +226,7 @@ class TransferEngine:
                 raise RuntimeError("TransferEngine is closed")
             job_id = next(self._ids)
             self._pending.add(job_id)
-            if layered:
-                self._layers[job_id] = 0
-            self._workers[direction].put(_Job(job_id, batches, ready, layered))
+            self._workers[direction].put(_Job(job_id, batches, ready))
         return job_id
 
     def _record_ready(self) -> object | None:
@@ -267,14 +237,8 @@ class TransferEngine:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
-    def _progress(self, job_id: int, layers: int) -> None:
-        with self._cond:
-            self._layers[job_id] = layers
-            self._cond.notify_all()
-
     def _report(self, result: JobResult) -> None:
         with self._cond:
-            self._layers.pop(result.job_id, None)
             self._pending.discard(result.job_id)
             self._done[result.job_id] = result
             self._cond.notify_all()

@@ -67,28 +67,9 @@ class Mover:
         """Engine blocks -> slots. ``ready``: a CUDA event the copies must wait for."""
         self._run(batches, ready, self._copier.store)
 
-    def load(self, batches: Sequence[Batch], ready: object | None,
-             on_layer: Callable[[int], None] | None = None) -> None:
-        """Slots -> engine blocks. ``ready``: a CUDA event the copies must wait for.
-
-        ``on_layer`` (the CPU): move the job layer by layer, the first layer of every batch,
-        then the second, ..., calling ``on_layer(n)`` once the first ``n`` layers of every
-        batch are in place (a batch whose view has fewer layers is done sooner). On CUDA
-        the job moves whole and ``on_layer`` is called once, at its end (a layer's copies
-        are queued on the stream, not done, when the next is queued)."""
-        if on_layer is None:
-            self._run(batches, ready, self._copier.load)
-            return
-        depth = max((len(b.view.layers) for b in batches), default=0)
-        if self._stream is not None:
-            self._run(batches, ready, self._copier.load)
-            on_layer(depth)
-            return
-        for li in range(depth):
-            for batch in batches:
-                if li < len(batch.view.layers):
-                    self._copier.load(batch.only_layer(li))
-            on_layer(li + 1)
+    def load(self, batches: Sequence[Batch], ready: object | None) -> None:
+        """Slots -> engine blocks. ``ready``: a CUDA event the copies must wait for."""
+        self._run(batches, ready, self._copier.load)
 
     def _run(self, batches: Sequence[Batch], ready: object | None,
              move: Callable[[Batch], None]) -> None:
@@ -114,9 +95,8 @@ class Mover:
 
 
 def check_faults(fault: FaultHook | None, batch: Batch) -> None:
-    """Calls ``fault`` with every copy of ``batch``, in order (before a copy moving them all;
-    a batch moved layer by layer, at its first layer only: ``Batch.first_pass``)."""
-    if fault is not None and batch.first_pass:
+    """Calls ``fault`` with every copy of ``batch``, in order (before a copy moving them all)."""
+    if fault is not None:
         for copy in batch.copies:
             fault(copy)
 

@@ -61,7 +61,7 @@ class Lanes:
     def of(cls, batch: Batch) -> Lanes:
         view, wb, count = batch.view, batch.view.word_bytes, batch.num_blocks
         rows: list[tuple[int, int, int, int, int, int]] = []
-        for li, layer in batch.layer_items():
+        for li, layer in enumerate(view.layers):
             start = view.block_word(li, batch.first_block) * wb
             if batch.consecutive and layer.runs:
                 run = layer.pieces[0].rows  # contiguous: a run of blocks is one range
@@ -111,7 +111,7 @@ class NativeCopier:
         self._copy, self._sorted, self._cpu = _native.copy_lanes, _native.sorted_blocks, _native.cpu
         self._fault = fault
         self._helpers = max(1, threads) - 1
-        self._lanes: dict[tuple[int, int, int, bool, tuple[int, int] | None], Lanes] = {}
+        self._lanes: dict[tuple[int, int, int, bool], Lanes] = {}  # by batch shape
         self._apart = Apart()
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max(1, self._helpers), thread_name_prefix="kvtier-copy",
@@ -131,8 +131,7 @@ class NativeCopier:
         """Moves ``batch`` (into the KV tensors when ``to_kv``), on this thread and as many
         helpers as its bytes are worth, after its fault checks."""
         check_faults(self._fault, batch)
-        key = (batch.view.index, batch.first_block, batch.num_blocks, batch.consecutive,
-               batch.layers)
+        key = (batch.view.index, batch.first_block, batch.num_blocks, batch.consecutive)
         lanes = self._lanes.get(key)
         if lanes is None:
             lanes = self._lanes[key] = Lanes.of(batch)

@@ -20,7 +20,6 @@ were ``(8, 9, 10, 11)`` and chunk 2's ``(5, 1, 7, 2)``, chunk 3 would be a batch
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import operator
 from collections.abc import Iterator, Sequence
@@ -32,7 +31,7 @@ import torch
 
 from kvtier.transfer.copies import ChunkCopy, Direction, SlotRef, as_copies
 from kvtier.transfer.slots import slot_addresses
-from kvtier.transfer.views import GroupView, LayerView
+from kvtier.transfer.views import GroupView
 
 try:  # the compiled build reads a job's copies in one C pass (setup.py, NATIVE)
     from kvtier import _native
@@ -53,8 +52,7 @@ class Batch:
     ``ids[p, i]`` is the engine block at chunk position ``first_block + p`` of copy ``i``;
     ``ptrs[i]`` is the address of copy ``i``'s slot, ``refs[i]`` the slot itself: a tensor,
     or a row index of the registered ``slab``. ``consecutive``: every copy's blocks are
-    consecutive ids, ``ids[p, i] == ids[0, i] + p``. ``layers``: the ``(start, stop)`` of
-    the view's layers it moves (:meth:`only_layer`); None: all of them.
+    consecutive ids, ``ids[p, i] == ids[0, i] + p``.
     """
 
     view: GroupView
@@ -64,22 +62,6 @@ class Batch:
     ptrs: np.ndarray
     consecutive: bool = False
     slab: torch.Tensor | None = None
-    layers: tuple[int, int] | None = None
-
-    def layer_items(self) -> list[tuple[int, LayerView]]:
-        """``(index, layer)`` of each view layer the batch moves, in order."""
-        layers = self.view.layers
-        start, stop = (0, len(layers)) if self.layers is None else self.layers
-        return [(li, layers[li]) for li in range(start, stop)]
-
-    def only_layer(self, li: int) -> Batch:
-        """The same copies, moving layer ``li`` of the view alone."""
-        return dataclasses.replace(self, layers=(li, li + 1))
-
-    @property
-    def first_pass(self) -> bool:
-        """Whether this is a copy's first (or only) pass: its fault checks run here."""
-        return self.layers is None or self.layers[0] == 0
 
     def slot(self, i: int) -> torch.Tensor:
         """Copy ``i``'s slot as a tensor (a row of the slab for a row index)."""
@@ -108,7 +90,7 @@ class Batch:
         return [
             Batch(self.view, self.copies[i : i + size], self.refs[i : i + size],
                   self.ids[:, i : i + size], self.ptrs[i : i + size], self.consecutive,
-                  self.slab, self.layers)
+                  self.slab)
             for i in range(0, len(self.copies), size)
         ]
 

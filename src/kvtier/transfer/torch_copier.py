@@ -109,7 +109,7 @@ def placements(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[torch.Tenso
     view = batch.view
     ids = torch.from_numpy(batch.ids).to(staged.device)
     count = batch.num_blocks
-    for li, layer in batch.layer_items():
+    for li, layer in enumerate(view.layers):
         base = view.block_word(li, batch.first_block)
         if batch.consecutive and layer.runs:
             piece = layer.pieces[0]
@@ -134,7 +134,7 @@ def planes(batch: Batch, staged: torch.Tensor) -> Iterator[tuple[np.ndarray, ...
     Example: 4 layers of one piece each give 4 triples, whatever the number of blocks.
     """
     view, rows_apart, count = batch.view, staged.stride(0), batch.num_blocks
-    for li, layer in batch.layer_items():
+    for li, layer in enumerate(view.layers):
         start = staged.storage_offset() + view.block_word(li, batch.first_block)
         if batch.consecutive and layer.runs:
             piece = layer.pieces[0]
@@ -210,7 +210,7 @@ class TorchCopier:
         raw = staged.view(torch.uint8)
         ranges = batch.view.byte_ranges(batch.first_block, batch.num_blocks)
         for i, (copy, slot) in enumerate(zip(batch.copies, batch.slots, strict=True)):
-            if self._fault is not None and batch.first_pass:
+            if self._fault is not None:
                 self._fault(copy)
             for lo, hi in ranges:
                 row = raw[i, lo:hi]

@@ -95,7 +95,6 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # the plan before_forward ran for, held (not its id(): a freed plan's id is reused)
         self._prepared: StepPlan | None = None
         self._started: StepPlan | None = None  # the plan whose synchronous loads started
-        self._layer_tensors: dict[str, int] = {}  # layer name -> its group's tensors to it
         self._completed: dict[int, tuple[int, bool]] = {}
         self._quiet = KvtierConnectorMetadata(NOTHING)  # a quiet step's (shared: read-only)
         slot_bytes, geometry = setup.slot_bytes, geometry_of(setup.layout)
@@ -238,11 +237,6 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         layers = [[t for name in g.layer_names for t in layer_tensors(kv_caches[name])]
                   for g in groups]
         self._worker().register(layers, self._kv_cache_config.num_blocks)
-        for g in groups:  # a layer's attention reads its group's first n tensors' blocks
-            n = 0
-            for name in g.layer_names:
-                n += len(layer_tensors(kv_caches[name]))
-                self._layer_tensors[name] = n
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(kv_connector_metadata, KvtierConnectorMetadata)
@@ -265,10 +259,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker().before_forward(plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Before a layer's attention: its part of this step's synchronous loads is in
-        place (asynchronous loads completed in an earlier step)."""
-        if self._started is not None and self._started.sync:
-            self._worker().wait_layers(self._layer_tensors.get(layer_name, 1 << 30))
+        return None  # a synchronous load is done in start_load_kv, an asynchronous one earlier
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:

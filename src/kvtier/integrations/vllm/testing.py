@@ -292,8 +292,6 @@ class VllmSim:
         self.worker.bind_connector_metadata(meta)
         self.worker.handle_preemptions(meta)
         self.worker.start_load_kv(None)
-        for name in self.kv if out.num_scheduled_tokens else ():  # as attention does
-            self.worker.wait_for_layer_load(name)
         for req_id, n in out.num_scheduled_tokens.items():
             self._forward(req_id, n, out)
         self.worker.wait_for_save()

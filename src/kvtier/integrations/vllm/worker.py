@@ -6,11 +6,13 @@ store, and one ``TransferEngine`` over its KV tensors. Per step, in vLLM's order
 1. ``before_forward(plan)`` (vLLM's ``handle_preemptions``, which runs before vLLM zeroes
    or copies any block): write down the chunks the plan demotes (their bytes are copied
    before any job of the plan may overwrite their slots), wait for the earlier store jobs
-   in ``plan.flush``, then start this step's loads and promotions, and wait for the
-   synchronous loads (``plan.sync``), whose requests this step's forward computes;
-2. ``after_forward(plan)`` (``wait_for_save``): start this step's stores, which read the
+   in ``plan.flush``, then start this step's asynchronous loads and its promotions;
+2. ``start_sync_loads(plan)`` (``start_load_kv``, after vLLM zeroed or copied the step's
+   blocks): run the synchronous loads (``plan.sync``), whose requests this step's forward
+   computes, and wait for them;
+3. ``after_forward(plan)`` (``wait_for_save``): start this step's stores, which read the
    KV the forward just wrote;
-3. ``collect()`` (``get_finished``): the jobs finished since the last call, after waiting
+4. ``collect()`` (``get_finished``): the jobs finished since the last call, after waiting
    for this step's loads.
 
 vLLM waits for no report of a synchronous load: a failed one is told by its blocks
@@ -99,9 +101,7 @@ class ConnectorWorker:
         self._tier_jobs: dict[Future[bool], TransferJob | int] = {}  # -> store job or promotion id
         self._sync: set[int] = set()  # kvtier ids of the synchronous loads in flight
         self._failed_blocks: set[int] = set()
-        self._sync_running: list[int] = []  # engine ids of this step's synchronous loads
-        self._layer_waits, self._warned = 0, False
-        self._layered = all(g.kind != "state" for g in layout.groups)
+        self._warned = False
 
     def register(self, layers_by_group: Sequence[Sequence[torch.Tensor]], num_blocks: int) -> None:
         """The KV tensors of every group, in layout order, each with ``num_blocks`` blocks
@@ -129,50 +129,29 @@ class ConnectorWorker:
                                          p.slots))
 
     def start_sync_loads(self, plan: StepPlan, *, late: bool = False) -> None:
-        """Start the plan's synchronous loads (vLLM's ``start_load_kv``, after it zeroed or
-        copied this step's blocks, before its forward): layer by layer for ``wait_layers``
-        where every layer is attention (whose every layer waits: vLLM's
-        ``wait_for_layer_load``), else whole, waited for here (a recurrent layer waits for
-        nothing). ``late``: the forward has run already (vLLM skipped the hook): they are
-        reported failed."""
+        """Run the plan's synchronous loads and wait for them (vLLM's ``start_load_kv``:
+        after it zeroed or copied this step's blocks, before its forward). ``late``: the
+        forward has run already (vLLM skipped the hook), and may have read their blocks
+        before they were written: each counts as failed, and vLLM computes its request
+        again."""
         self._sync.update(plan.sync)
-        self._layer_waits = 0
-        self._sync_running = [self._submit(job, layered=self._layered)
-                              for job in plan.loads if job.id in plan.sync]
-        if late or not self._layered:
-            self._finish_sync_loads(checked=not late)
-
-    def wait_layers(self, count: int) -> None:
-        """Return once the first ``count`` layers of the synchronous loads in flight are in
-        place (vLLM's ``wait_for_layer_load``, before a layer's attention reads them)."""
-        self._layer_waits += 1
         engine = self._engine()
-        for engine_id in self._sync_running:
-            engine.wait_layers(engine_id, count)
-
-    def after_forward(self, plan: StepPlan) -> None:
-        if self._sync_running:
-            self._finish_sync_loads(checked=self._layer_waits > 0)
-        for job in plan.stores:
-            self._submit(job)
-
-    def _finish_sync_loads(self, checked: bool) -> None:
-        """Each synchronous load, finished. Unless ``checked`` (the forward waited for them
-        before reading their blocks, or has not run yet), each counts as failed: vLLM then
-        computes its request again."""
-        engine = self._engine()
-        running, self._sync_running = self._sync_running, []
-        for engine_id in running:
-            result = engine.wait(engine_id)
-            if not checked and result.ok:
+        for job in plan.loads:
+            if job.id not in plan.sync:
+                continue
+            result = engine.wait(self._submit(job))
+            if late and result.ok:
                 if not self._warned:
                     self._warned = True
-                    log.warning("kvtier: a synchronous load ran in a step whose forward did "
-                                "not wait for it (vLLM called no wait_for_layer_load, or "
-                                "start_load_kv only after the forward): its request is "
-                                "computed again. Set sync_loads to false for this engine.")
+                    log.warning("kvtier: vLLM started a step's synchronous loads only after "
+                                "its forward: their requests are computed again. Set "
+                                "sync_loads to false for this engine.")
                 result = JobResult(result.job_id, "load", ok=False)
             self._finish(result)
+
+    def after_forward(self, plan: StepPlan) -> None:
+        for job in plan.stores:
+            self._submit(job)
 
     def collect(self, idle: bool = False) -> WorkerReport:
         """Jobs finished since the last call; the loads submitted since then are waited for
@@ -183,8 +162,6 @@ class ConnectorWorker:
             promotions = [f for f, job in self._tier_jobs.items() if isinstance(job, int)]
             if promotions:
                 wait(promotions, timeout=IDLE_WAIT_S, return_when=FIRST_COMPLETED)
-        if self._sync_running:  # vLLM may finalize the step (wait_for_save) only later
-            self._finish_sync_loads(checked=self._layer_waits > 0)
         loading, self._loading = self._loading, []
         if self._running:  # most decoding steps have no job in flight: nothing to ask
             engine = self._engine()
@@ -210,8 +187,6 @@ class ConnectorWorker:
 
     def wait_all(self) -> None:
         """Wait for every job in flight; the next ``collect`` reports them (tests, shutdown)."""
-        if self._sync_running:
-            self._finish_sync_loads(checked=self._layer_waits > 0)
         engine = self._engine()
         for engine_id in list(self._running):
             self._finish(engine.wait(engine_id))
@@ -237,14 +212,13 @@ class ConnectorWorker:
             raise RuntimeError("register the KV caches before any transfer")
         return self.engine
 
-    def _submit(self, job: TransferJob, layered: bool = False) -> int:
+    def _submit(self, job: TransferJob) -> int:
         engine = self._engine()
         copies = [ChunkCopy(c.group, c.slot, c.block_ids, c.first_block) for c in job.copies]
+        submit = engine.submit_load if job.direction == "load" else engine.submit_store
+        engine_id = submit(copies)
         if job.direction == "load":
-            engine_id = engine.submit_load(copies, layered=layered)
             self._loading.append(engine_id)
-        else:
-            engine_id = engine.submit_store(copies)
         self._running[engine_id] = job
         self._by_kv_id[job.id] = engine_id
         return engine_id
