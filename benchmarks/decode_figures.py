@@ -1,7 +1,17 @@
 """The decoding figures of ``vllm_engine.py``, from its child processes' rounds (a helper,
 not a benchmark): each child's median ratio of bare to kvtier decoding seconds, their
 geometric mean (as many children built kvtier's engine first as second, which cancels a
-build-order effect), and the ``--control`` report."""
+build-order effect), and the ``--control`` report.
+
+Why child processes: with two engines that are the same (no connector on either,
+``--control``), the one a process built first decoded 1.1-1.5% slower than the other in
+every process measured (ratios 0.983-0.986 with it on the kvtier side, 1.011-1.013 on the
+bare side). Half the children build kvtier's engine first and half second, and the
+geometric mean of their medians cancels an effect that slows the first engine by a fixed
+factor. Between processes the figure also moves by up to 2% (each process's own rounds stay
+within about 1%), hence more than one process per order. ``decode_runs_kvtier_over_none``
+keeps an earlier measure for comparison (whole generations timed, prefill subtracted,
+alternating run by run, median of the rounds' ratios, every process's together)."""
 
 from __future__ import annotations
 

@@ -26,30 +26,21 @@ The warm run right after the cold run comes out slower whichever it is (about 15
 
 Decoding: a batch of ``--batch`` requests generating ``--decode-tokens`` tokens each, with
 kvtier attached (``store: all``: answer chunks are stored as decoding passes chunk ends)
-against a second engine in the same process with no connector (vLLM keeps one KV connector
-per process, in a global its model runners read each step: the second engine runs with it
-cleared, :func:`connector_cleared`). Both engines hold the same round's batch and take turns
-step by step (:func:`decode_round`, alternating which goes first), so that the machine's
-speed, which drifts by 20% within seconds on a shared VM, is the same for both within each
-pair of steps; a round's ratio is the sum of the bare engine's decoding step times over the
-sum of kvtier's (every step counted, those that plan and start stores included).
+against a second engine in the same process with no connector (vLLM's one KV connector per
+process, a global, cleared for it: :func:`connector_cleared`). Both engines hold the same
+round's batch and take turns step by step (:func:`decode_round`, alternating which goes
+first), so that the machine's speed, which drifts by 20% within seconds on a shared VM, is
+the same for both within each pair of steps; a round's ratio is the bare engine's decoding
+step seconds over kvtier's (every step counted, those that start stores included).
 
-Which engine a process builds first matters: with two engines that are the same (no
-connector on either, ``--control``), the one built first decoded 1.1-1.5% slower than the
-other in every process measured (ratios 0.983-0.986 with it on the kvtier side, 1.011-1.013
-with it on the bare side). So the decoding rounds run in ``--decode-processes`` fresh child
-processes (:func:`decode_child`; 4 by default, 2 in ``--quick``), half of them building
-kvtier's engine first and half building it second, the rounds shared out evenly; the figure
-is the geometric mean of the children's medians, which cancels an order effect that slows
-the first engine by a fixed factor. Between processes the figure also moves by up to 2% (how
-a process's memory happens to fall, it seems: each process's own rounds stay within about
-1%), hence more than one process per order. ``--control`` runs the same children with no
-connector on either engine: the fairness check, whose figure should be 1 (targets
-0.99-1.01). ``decode_runs_kvtier_over_none`` keeps an earlier measure for comparison (whole
-generations timed, prefill subtracted, alternating run by run, median of the rounds' ratios,
-every process's together). Targets (issue 28), by build:
-decoding with kvtier / without >= 0.95 pure, >= 0.98 compiled; kvtier/vllm-hit TTFT <= 1.5
-pure, <= 1.3 compiled; kvtier/cold TTFT <= 0.3. The last line is one JSON object.
+The decoding rounds run in ``--decode-processes`` fresh child processes
+(:func:`decode_child`; 4 by default, 2 in ``--quick``), half building kvtier's engine first:
+the engine a process builds first decodes 1.1-1.5% slower (``decode_figures.py`` says how
+that was found and cancelled). ``--control`` runs the same children with no connector on
+either engine: the fairness check, whose figure should be 1 (targets 0.99-1.01).
+``--busy-turns``: first tokens while ``--batch`` requests decode (``busy_ttft.py``; no
+target). Targets (issue 28), pure / compiled: decoding with kvtier / without >= 0.95 / 0.98,
+kvtier / vllm-hit TTFT <= 1.5 / 1.3, kvtier / cold TTFT <= 0.3. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -80,6 +71,7 @@ from vllm.distributed.kv_transfer import (
 from vllm.inputs import TokensPrompt
 
 import vllm_hybrid
+from busy_ttft import busy_figures, busy_line, busy_turn
 from decode_figures import control, decode_figures
 from kvtier.buildinfo import build, describe
 from ttft_figures import ttft_figures
@@ -93,8 +85,7 @@ TARGETS = {
 }
 BLOCK_TOKENS = 128
 LAYERS, HIDDEN, KV_HEADS, HEADS = 8, 512, 4, 8
-OPTIONS: dict[str, Any] = {}
-"""More of kvtier's options (``--connector-option``), beside the benchmark's own."""
+OPTIONS: dict[str, Any] = {}  # more of kvtier's options (--connector-option)
 
 
 def write_model(folder: Path) -> Path:
@@ -234,6 +225,8 @@ def main() -> None:
     parser.add_argument("--decode-rounds", type=int, default=24,
                         help="interleaved decoding rounds; single rounds on a shared machine "
                              "spread from 0.4 to 1.3, so the median needs many to resolve 2%%")
+    parser.add_argument("--busy-turns", type=int, default=6,
+                        help="first tokens timed while --batch requests decode (busy_ttft.py)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--decode-tokens", type=int, default=192)
     parser.add_argument("--quick", action="store_true",
@@ -271,6 +264,7 @@ def main() -> None:
         return
     if args.quick:
         args.prompt_tokens, args.turns, args.decode_tokens, args.decode_rounds = 2000, 2, 96, 4
+        args.busy_turns = 2
         args.decode_processes = 2
     max_len = args.prompt_tokens + BLOCK_TOKENS
     num_blocks = 2 * (max_len // BLOCK_TOKENS + 1) + args.batch * 4
@@ -281,10 +275,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = write_model(Path(tmp) / "llama")
         ttft: list[dict[str, float]] = []
+        busy: list[dict[str, float]] = []
         if not args.control:
             llm = start(model, max_len, num_blocks, connector=True)
             timed(llm, [prompt(999, 256)], 4)  # warm-up: first-call costs are not the engine's
             ttft = [ttft_turn(llm, turn, args.prompt_tokens) for turn in range(args.turns)]
+            busy = [busy_turn(llm, cold_turn(llm, 500 + t, args.prompt_tokens)[0][0], 800 + 10 * t,
+                              args.batch, prompt) for t in range(args.busy_turns)]
             stop(llm)
         children = [run_child(args, model, Path(tmp) / f"decode-{i}.json",
                            ("kvtier", "bare")[i % 2], i)
@@ -295,6 +292,8 @@ def main() -> None:
         return
     targets = TARGETS[build()]
     figures = report(ttft, children, args, targets)
+    figures.update(busy_figures(busy))
+    print(busy_line(figures, args.batch))
     met = (figures["ttft_kvtier_over_cold"] <= targets["ttft_kvtier_over_cold"]
            and figures["ttft_kvtier_over_vllm_hit"] <= targets["ttft_kvtier_over_vllm_hit"]
            and figures["decode_kvtier_over_none"] >= targets["decode_kvtier_over_none"])
