@@ -45,8 +45,11 @@ from kvtier.transfer.slots import register_slab
 from kvtier.transfer.torch_copier import TorchCopier
 from kvtier.transfer.views import build_views
 
-DEFAULT_STAGING_BYTES = 4 << 20
-"""Staging per direction on the KV device; a job larger than this runs in several batches."""
+DEFAULT_STAGING_BYTES = 64 << 20
+"""Staging per direction on the KV device (grown to the largest part a job needs); a job
+larger than this runs in several parts. On CUDA each part scatters by a few kernels per
+block position and layer, so small parts pay their launches on few bytes: with 4 MiB parts
+the CUDA path moved 2 MiB chunks at an eighth of a plain copy's speed (H200, 2026-12-04)."""
 
 
 def copier_maker(device: torch.device, fault: FaultHook | None,
