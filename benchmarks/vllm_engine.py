@@ -253,10 +253,10 @@ def main() -> None:
     for option in args.connector_option:
         key, sep, value = option.partition("=")
         try:
-            OPTIONS[key] = json.loads(value) if sep else None
+            OPTIONS[key] = json.loads(value)
         except json.JSONDecodeError:
-            OPTIONS[key] = None
-        if OPTIONS[key] is None:
+            sep = ""
+        if not sep or not key:
             parser.error(f"--connector-option takes KEY=JSON (e.g. sync_loads=false), "
                          f"got {option!r}")
     if args.model == "qwen3next":

@@ -65,12 +65,12 @@ def start(model: Path, max_len: int, options: dict[str, Any]) -> LLM:
 
 def run(args: argparse.Namespace, ttft_turn: Callable[[LLM, int, int], dict[str, float]],
         timed: Callable[..., Any], stop: Callable[[LLM], None],
-        options: dict[str, Any]) -> None:
+        options: dict[str, Any] | None = None) -> None:
     """The benchmark with ``vllm_engine``'s turn, timing and shutdown (passed in: this
     module is imported by it). ``--quick``: 2 turns of 2600-token prompts."""
     n, turns = (2600, 2) if args.quick else (args.prompt_tokens, args.turns)
     with tempfile.TemporaryDirectory() as tmp:
-        llm = start(write_model(Path(tmp) / "qwen3next"), n + BLOCK_TOKENS, options)
+        llm = start(write_model(Path(tmp) / "qwen3next"), n + BLOCK_TOKENS, options or {})
         timed(llm, [_warmup()], 4)  # first-call costs are not the engine's
         results = [ttft_turn(llm, turn, n) for turn in range(turns)]
         stop(llm)

@@ -165,10 +165,10 @@ def test_a_load_started_after_the_forward_is_computed_again(
     sim.close()
 
 
-@pytest.mark.parametrize("skip_start", [False, True])
-def test_a_state_load_restores_and_is_refused_when_late(skip_start: bool) -> None:
-    """A single-group recurrent model (Falcon-Mamba) loads its state synchronously too;
-    started only after the forward, the load counts as failed."""
+def test_a_recurrent_state_model_loads_asynchronously() -> None:
+    """A single-group recurrent model (Falcon-Mamba): vLLM would compute a failed
+    synchronous load again from a block with no state before it, so its loads stay
+    asynchronous, and a failure restarts the request from the start."""
     from kvtier.integrations.vllm.hybrid_parity import MODELS, TOKENS, first_hit
     from kvtier.integrations.vllm.hybrid_parity import make_sim as hybrid_sim
 
@@ -176,11 +176,59 @@ def test_a_state_load_restores_and_is_refused_when_late(skip_start: bool) -> Non
     block = MODELS["falcon-mamba-7b"].block_size()
     first_hit(sim, "producer", TOKENS[: 2 * block + 5])
     sim.reset_device_cache()
-    if skip_start:
+    assert first_hit(sim, "consumer", TOKENS[: 2 * block + 15], finish=False) == 2 * block
+    assert _sync_ids(sim) == [] and metrics(sim)["load_failures"] == 0
+    sim.run()
+    sim.close()
+
+
+@pytest.mark.parametrize("how", ["fault", "late"])
+def test_stores_of_kv_computed_over_a_failed_load_are_dropped(how: str) -> None:
+    """The consumer computes a whole chunk past its hit in its load's step. Over a failed
+    (or late) load that chunk's KV is wrong, as a real model's would be: the step's store of
+    it must not publish it, and the chunk is stored again once computed over the right KV."""
+    failing = {"on": False}
+
+    def fault(copy: object) -> None:
+        if failing["on"]:
+            raise OSError("injected transfer failure")
+
+    sim = make_sim(ONE_GROUP, chunk_tokens=32, fault=fault)
+    forward = sim._forward
+
+    def prefix_dependent(req_id: str, num_scheduled: int, out: object) -> None:
+        failing["on"] = False  # the load failed; the step's stores would not
+        req = sim.requests[req_id].request
+        start = req.num_computed_tokens - num_scheduled
+        wrong = start > 0 and sim.check_restored(req_id, start) != []
+        forward(req_id, num_scheduled, out)
+        if wrong:  # computed over KV that is not there: garbage, as a model's would be
+            table = sim.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
+            for p in range(start, req.num_computed_tokens):
+                for layer in range(2):
+                    sim.kv[f"g0.l{layer}"][table[p // 16], :, p % 16] = -3
+
+    sim._forward = prefix_dependent  # type: ignore[method-assign]
+    longer = PROMPT + list(range(40, 80))  # 140 tokens: chunk 3 (96-127) past the hit
+    sim.add("producer", PROMPT, max_tokens=2)
+    sim.run()
+    sim.reset_device_cache()
+    sim.add("consumer", longer, max_tokens=2)
+    start_load_kv = sim.worker.start_load_kv
+    if how == "fault":
+        failing["on"] = True
+    else:
         sim.worker.start_load_kv = lambda *args: None
-    first_hit(sim, "consumer", TOKENS[: 2 * block + 15], finish=False)
-    assert _sync_ids(sim)  # a synchronous load
-    assert metrics(sim)["load_failures"] == int(skip_start)
+    assert _first_steps(sim, 1) == [len(longer) - 96]
+    sim.worker.start_load_kv = start_load_kv
+    assert metrics(sim)["load_failures"] == 1
+    assert _first_steps(sim, 1) == [len(longer)]  # computed again from the start
+    assert sim.check_restored("consumer", 128) == []
+    sim.run()
+    sim.reset_device_cache()
+    sim.add("again", longer, max_tokens=2)
+    assert sim.step().num_scheduled_tokens["again"] == len(longer) - 128
+    assert sim.check_restored("again", 128) == []  # chunk 3 as computed over the right KV
     sim.run()
     sim.close()
 

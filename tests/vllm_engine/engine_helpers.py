@@ -178,8 +178,8 @@ class KvProbe:
                 for c in job.copies:
                     self.stored[bytes(c.key)] = self._blocks(c)
                     self.stored_slots[bytes(c.key)] = c.slot
-            after(plan)  # finishes the step's synchronous loads first
-            for job in plan.loads:  # a synchronous load is done now, and in no report
+            after(plan)
+            for job in plan.loads:  # synchronous: done in start_load_kv, and in no report
                 if job.id in plan.sync:
                     self._check(job.request_id)
 

@@ -83,8 +83,9 @@ class KvtierOptions:
     step's forward (vLLM's synchronous load), rather than in a step of its own: the first
     token comes a step sooner. Only a model with one KV-cache group loads so: vLLM can tell
     which request a failed synchronous load hurt (and recompute it) only there: a hybrid
-    model's loads stay asynchronous. (A hit promoted from a tier below waits for its read
-    as before, then loads so.)"""
+    model's loads stay asynchronous, and so do a recurrent-state model's
+    (``sync_loads_apply``). (A hit promoted from a tier below waits for its read as
+    before, then loads so.)"""
     tiers: TierConfig = field(default=None)  # type: ignore[assignment]
     """The hierarchy (``TierConfig``): host memory, and optionally disk and Redis below it.
     Not a key of its own: built from the ``TierConfig`` keys (or ``host_bytes``)."""
@@ -168,6 +169,16 @@ class ConnectorSetup:
         """Bytes of a host slot: the layout's largest chunk."""
         assert self.layout.max_bytes_per_chunk is not None  # vllm_layout always sets sizes
         return self.layout.max_bytes_per_chunk
+
+
+def sync_loads_apply(options: KvtierOptions, layout: Layout) -> bool:
+    """Whether hits load synchronously (``sync_loads``): only on one attention group. vLLM
+    maps a failed synchronous load's blocks back to its request only with one KV-cache group
+    (it raises with more), and computes the request again from the first failed block; in a
+    recurrent-state group the blocks before it hold no state (vLLM's null block), so the
+    request would resume from none: such models load asynchronously (a failure restarts
+    them from a state they have)."""
+    return options.sync_loads and len(layout.groups) == 1 and layout.groups[0].kind != "state"
 
 
 def connector_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:

@@ -29,7 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
-from kvtier.integrations.vllm.config import connector_setup
+from kvtier.integrations.vllm.config import connector_setup, sync_loads_apply
 from kvtier.integrations.vllm.observe import (
     ConnectorStats,
     KvtierPromMetrics,
@@ -106,8 +106,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 boundaries=setup.options.boundaries,
                 prune_chunked_local=setup.options.prune_chunked_local,
                 admission=setup.tiers.admission(),
-                # vLLM recomputes a failed synchronous load only with one KV-cache group
-                sync_loads=setup.options.sync_loads and len(kv_cache_config.kv_cache_groups) == 1,
+                sync_loads=sync_loads_apply(setup.options, setup.layout),
                 tiers=scheduler_tiers(setup.tiers, setup.num_workers, slot_bytes, geometry))
             self._stats = ConnectorStats.of_scheduler(self.scheduler)  # from step one on
             self._tally = RankTally(setup.num_workers)

@@ -151,7 +151,7 @@ class ConnectorScheduler:
         self._loads.append(job)
         if self.sync_loads:
             self._sync.append(job.id)
-            self._requests[request_id].loading_sync = True
+            self._requests[request_id].sync_load = job.id
         self._jobs[job.id] = TrackedJob(job, self.num_workers, sync=self.sync_loads)
 
     def finish(self, request_id: str) -> None:
@@ -193,6 +193,10 @@ class ConnectorScheduler:
         # the blocks this step writes.
         flush = self._fences(fresh)
         stores = [job for s in storing if (job := self._store(s)) is not None]
+        # stores of KV computed over a synchronous load not yet confirmed: the workers drop
+        # them if it failed (that KV was computed on blocks the load did not write)
+        after_sync = tuple((job.id, load) for job in stores
+                           if (load := known[job.request_id].sync_load) is not None)
         for request_id in self._unaccepted:
             self.planner.decline_hit(request_id)
         if not steps and self.tiers is not None:
@@ -201,7 +205,7 @@ class ConnectorScheduler:
         if self._unaccepted or not steps or self.tiers is not None:
             self.changes += 1
         plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below,
-                        idle=not steps, sync=tuple(self._sync))
+                        idle=not steps, sync=tuple(self._sync), after_sync=after_sync)
         self._loads, self._sync, self._fresh, self._unaccepted = [], [], set(), set()
         return plan
 
@@ -289,7 +293,7 @@ class ConnectorScheduler:
         job = self.planner.on_computed(s.request_id, horizon, req.tables)
         req.retry = metrics.store_refusals > refusals
         if (self._limits.store == "prompt" and horizon >= req.num_prompt and not req.retry
-                and not req.loading_sync):
+                and req.sync_load is None):
             req.stored_all, req.tables = True, [[] for _ in req.tables]
         if job is not None:
             self._jobs[job.id] = TrackedJob(job, self.num_workers)
@@ -342,7 +346,7 @@ class ConnectorScheduler:
             self.planner.complete_load(job.id, entry.ok, bad)
             req = self._requests.get(job.request_id) if entry.sync else None
             if req is not None:
-                req.loading_sync = False
+                req.sync_load = None
                 if not entry.ok:  # vLLM computes the request again in the blocks it holds
                     self.planner.preempt(job.request_id)  # its stores are planned again
                     req.restart_stores(len(self.layout.groups))

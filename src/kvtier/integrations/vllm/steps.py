@@ -42,7 +42,9 @@ class StepPlan:
     (``kvtier.integrations.vllm.tiers``). ``idle``: vLLM scheduled no request this step
     (it steps only because a request waits, e.g. for a promotion). ``sync``: the ids of the
     loads vLLM scheduled as synchronous, whose requests compute in this step's forward:
-    the workers finish them before it, and report a failed one by its blocks."""
+    the workers finish them before it, and report a failed one by its blocks.
+    ``after_sync``: ``(store job, synchronous load)`` for each store of KV computed over a
+    synchronous load not yet confirmed: a worker whose load failed drops the store."""
 
     loads: tuple[TransferJob, ...] = ()
     stores: tuple[TransferJob, ...] = ()
@@ -51,12 +53,13 @@ class StepPlan:
     demotions: tuple[Demotion, ...] = ()
     idle: bool = False
     sync: tuple[int, ...] = ()
+    after_sync: tuple[tuple[int, int], ...] = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled through the constructor: vLLM sends it between processes, and the
         compiled build's frozen classes refuse the default pickle's attribute writes."""
         return (StepPlan, (self.loads, self.stores, self.flush, self.promotes, self.demotions,
-                           self.idle, self.sync))
+                           self.idle, self.sync, self.after_sync))
 
 
 NOTHING = StepPlan()

@@ -17,9 +17,9 @@ class TrackedRequest:
     ``coverage.retained_blocks(group, prior_horizon).start``, before which a later store
     reads no block (``ConnectorScheduler._forget_reallocated``); ``stored_all``: ``store:
     prompt`` and the whole prompt planned, none refused: no store comes until a preemption,
-    so no table is kept (``ConnectorScheduler.step``); ``loading_sync``: a synchronous load
-    into its blocks is unconfirmed (if it fails, vLLM computes those blocks again, and
-    their stores are planned again)."""
+    so no table is kept (``ConnectorScheduler.step``); ``sync_load``: the id of a synchronous
+    load into its blocks not yet confirmed (if it fails, vLLM computes those blocks again,
+    the stores planned meanwhile are dropped and planned again: ``StepPlan.after_sync``)."""
 
     tables: list[list[int | None]]
     num_prompt: int
@@ -29,7 +29,7 @@ class TrackedRequest:
     retry: bool = False
     live_from: list[int] = field(default_factory=list)
     stored_all: bool = False
-    loading_sync: bool = False
+    sync_load: int | None = None
 
     def restart_stores(self, num_groups: int) -> None:
         """Its KV is computed again from the start: every store is planned again."""

@@ -64,6 +64,10 @@ from kvtier.transfer import ChunkCopy, FaultHook, GroupKV, JobResult, TransferEn
 
 log = logging.getLogger(__name__)
 
+_FAILED_SYNC_KEPT = 4096
+"""Failed synchronous loads remembered, for the stores planned before the scheduler heard
+of the failure (``StepPlan.after_sync``: a step or two later at most)."""
+
 
 @dataclass
 class WorkerReport:
@@ -102,6 +106,7 @@ class ConnectorWorker:
         self._sync: set[int] = set()  # kvtier ids of the synchronous loads in flight
         self._failed_blocks: set[int] = set()
         self._warned = False
+        self._failed_sync: dict[int, None] = {}  # failed synchronous loads, oldest first
 
     def register(self, layers_by_group: Sequence[Sequence[torch.Tensor]], num_blocks: int) -> None:
         """The KV tensors of every group, in layout order, each with ``num_blocks`` blocks
@@ -150,8 +155,12 @@ class ConnectorWorker:
             self._finish(result)
 
     def after_forward(self, plan: StepPlan) -> None:
+        waits = dict(plan.after_sync)
         for job in plan.stores:
-            self._submit(job)
+            if waits.get(job.id) in self._failed_sync:  # KV computed over a failed load
+                self._done(job, False)
+            else:
+                self._submit(job)
 
     def collect(self, idle: bool = False) -> WorkerReport:
         """Jobs finished since the last call; the loads submitted since then are waited for
@@ -257,6 +266,9 @@ class ConnectorWorker:
             self._sync.discard(job.id)
             if not ok:
                 self._failed_blocks.update(b for c in job.copies for b in c.block_ids if b)
+                self._failed_sync[job.id] = None
+                if len(self._failed_sync) > _FAILED_SYNC_KEPT:
+                    del self._failed_sync[next(iter(self._failed_sync))]
             return
         report.loaded.add(job.request_id)
         if not ok:
