@@ -43,6 +43,10 @@ def _sync_ids(sim: VllmSim) -> list[int]:
     return [job_id for meta in sim.plans for job_id in meta.plan.sync]
 
 
+def _at(gate: threading.Event) -> None:
+    assert gate.wait(timeout=30), "nothing opened the gate: the load was never waited for"
+
+
 def _opening(gate: threading.Event, wait: Callable[..., object]) -> Callable[..., object]:
     def opening_wait(*args: object) -> object:
         gate.set()
@@ -55,7 +59,7 @@ def test_host_hit_is_loaded_in_the_step_that_computes_its_request() -> None:
     # load not waited for before the forward is then certain to be late, not merely likely
     gate = threading.Event()
     gate.set()
-    sim = make_sim(ONE_GROUP, chunk_tokens=32, fault=lambda copy: gate.wait())
+    sim = make_sim(ONE_GROUP, chunk_tokens=32, fault=lambda copy: _at(gate))
     engine = sim.worker.worker.engine
     engine.wait = _opening(gate, engine.wait)
     _produce(sim)

@@ -90,7 +90,6 @@ class ConnectorScheduler:
         self._jobs: dict[int, TrackedJob] = {}
         self._loads: list[TransferJob] = []
         self.sync_loads = sync_loads
-        self._sync: list[int] = []  # this step's synchronous loads (``StepPlan.sync``)
         self._fresh: set[int] = set()
         self._unaccepted: set[str] = set()
         self._ready: set[ChunkKey] = set()
@@ -150,9 +149,8 @@ class ConnectorScheduler:
         job = self.planner.accept_hit(request_id, table)
         self._loads.append(job)
         if self.sync_loads:
-            self._sync.append(job.id)
             self._requests[request_id].sync_load = job.id
-        self._jobs[job.id] = TrackedJob(job, self.num_workers, sync=self.sync_loads)
+        self._jobs[job.id] = TrackedJob(job, self.num_workers)
 
     def finish(self, request_id: str) -> None:
         """The request finished or was aborted; its stores in flight stay fenced."""
@@ -205,8 +203,9 @@ class ConnectorScheduler:
         if self._unaccepted or not steps or self.tiers is not None:
             self.changes += 1
         plan = StepPlan(tuple(self._loads), tuple(stores), tuple(flush), *below,
-                        idle=not steps, sync=tuple(self._sync), after_sync=after_sync)
-        self._loads, self._sync, self._fresh, self._unaccepted = [], [], set(), set()
+                        idle=not steps, after_sync=after_sync,
+                        sync=tuple(j.id for j in self._loads) if self.sync_loads else ())
+        self._loads, self._fresh, self._unaccepted = [], set(), set()
         return plan
 
     def quiet(self, horizons: Sequence[tuple[str, int]]) -> StepPlan | None:
@@ -344,8 +343,8 @@ class ConnectorScheduler:
             # A failed load drops its chunks: the retry recomputes instead of failing again.
             bad = () if entry.ok else [c.key for c in job.copies]
             self.planner.complete_load(job.id, entry.ok, bad)
-            req = self._requests.get(job.request_id) if entry.sync else None
-            if req is not None:
+            req = self._requests.get(job.request_id)
+            if req is not None and req.sync_load == job.id:
                 req.sync_load = None
                 if not entry.ok:  # vLLM computes the request again in the blocks it holds
                     self.planner.preempt(job.request_id)  # its stores are planned again

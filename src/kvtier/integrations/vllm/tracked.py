@@ -39,9 +39,8 @@ class TrackedRequest:
 
 @dataclass
 class TrackedJob:
-    """A job until every worker reported it; ``sync``: a synchronous load (``StepPlan``)."""
+    """A job until every worker reported it."""
 
     job: TransferJob
     pending_workers: int
     ok: bool = True
-    sync: bool = False
