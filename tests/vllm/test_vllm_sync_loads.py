@@ -55,13 +55,15 @@ def _opening(gate: threading.Event, wait: Callable[..., object]) -> Callable[...
 
 
 def test_host_hit_is_loaded_in_the_step_that_computes_its_request() -> None:
-    # the load's copies wait at a gate that only the worker's waiting for a job opens: a
-    # load not waited for before the forward is then certain to be late, not merely likely
+    # the load's copies wait at a gate that only the worker's waiting for a job (or running
+    # it on its own thread) opens: a load not waited for before the forward is then certain
+    # to be late, not merely likely
     gate = threading.Event()
     gate.set()
     sim = make_sim(ONE_GROUP, chunk_tokens=32, fault=lambda copy: _at(gate))
     engine = sim.worker.worker.engine
     engine.wait = _opening(gate, engine.wait)
+    engine.run_load = _opening(gate, engine.run_load)
     _produce(sim)
     gate.clear()
     forward, at_forward = sim._forward, []

@@ -7,6 +7,7 @@ Protocol::
     engine.start()                          # optional: the first submit starts it too
     job = engine.submit_store([ChunkCopy(0, 5, block_ids=(7, 8, 9, 10))])  # into slab[5]
     result = engine.wait(job)               # or engine.poll() for every finished job
+    result = engine.run_load([ChunkCopy(0, 5, block_ids=(7, 8, 9, 10))])  # a load waited for
     assert result.ok
     engine.close()                          # drains queued jobs, stops the workers
 
@@ -79,6 +80,7 @@ class _Worker:
         self._mover = mover
         self._report = report
         self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._moving = threading.Lock()  # held while a job's bytes move
         self._thread = threading.Thread(target=self._loop, name=f"kvtier-{direction}", daemon=True)
         self._thread.start()
 
@@ -90,15 +92,28 @@ class _Worker:
         self._thread.join()
         self._mover.close()
 
+    def run_here(self, job: _Job) -> JobResult | None:
+        """Run ``job`` on the calling thread if no job put here is unfinished (else None,
+        and nothing ran): a job put meanwhile waits for it, so the order holds."""
+        with self._moving:
+            if self._queue.unfinished_tasks:
+                return None
+            return self._run(job)
+
     def _loop(self) -> None:
-        run = self._mover.store if self.direction == "store" else self._mover.load
         while (job := self._queue.get()) is not None:
-            try:
-                run(job.batches, job.ready)
-                result = JobResult(job.job_id, self.direction, ok=True)
-            except Exception as exc:  # reported to the caller, never swallowed
-                result = JobResult(job.job_id, self.direction, ok=False, error=exc)
+            with self._moving:
+                result = self._run(job)
             self._report(result)
+            self._queue.task_done()
+
+    def _run(self, job: _Job) -> JobResult:
+        run = self._mover.store if self.direction == "store" else self._mover.load
+        try:
+            run(job.batches, job.ready)
+            return JobResult(job.job_id, self.direction, ok=True)
+        except Exception as exc:  # reported to the caller, never swallowed
+            return JobResult(job.job_id, self.direction, ok=False, error=exc)
 
 
 class TransferEngine:
@@ -187,6 +202,33 @@ class TransferEngine:
     def submit_load(self, copies: Sequence[ChunkCopy] | ChunkCopy) -> int:
         """Queue slots -> engine blocks; returns the job id. Bad copies raise ValueError."""
         return self._submit("load", copies)
+
+    def run_load(self, copies: Sequence[ChunkCopy] | ChunkCopy) -> JobResult:
+        """Slots -> engine blocks now, after every load submitted before it; the result
+        comes back here, never from ``poll`` or ``wait``. Bad copies raise ValueError.
+
+        For a caller that would only wait for the load: on the CPU, with no load queued,
+        the bytes move on the calling thread (no hand-over to the load thread and back);
+        otherwise, and on CUDA (whose copies run on the load stream), it is ``submit_load``
+        then ``wait``."""
+        if self.device.type != "cpu":
+            return self.wait(self.submit_load(copies))
+        batches = plan_job(self._views, "load", copies, self._slab)  # checks the copies
+        self.start()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("TransferEngine is closed")
+            job = _Job(next(self._ids), batches, None)
+            worker = self._workers["load"]
+        result = worker.run_here(job)
+        if result is not None:
+            return result
+        with self._cond:  # a load was queued: behind it, on the load thread
+            if self._closed:
+                raise RuntimeError("TransferEngine is closed")
+            self._pending.add(job.job_id)
+            worker.put(job)
+        return self.wait(job.job_id)
 
     def poll(self) -> list[JobResult]:
         """Every job finished since the last poll or wait, by job id; each reported once."""

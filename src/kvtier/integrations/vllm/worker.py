@@ -144,15 +144,15 @@ class ConnectorWorker:
         for job in plan.loads:
             if job.id not in plan.sync:
                 continue
-            result = engine.wait(self._submit(job))
-            if late and result.ok:
+            ok = engine.run_load(_copies(job)).ok  # on this thread, which would only wait
+            if late and ok:
                 if not self._warned:
                     self._warned = True
                     log.warning("kvtier: vLLM started a step's synchronous loads only after "
                                 "its forward: their requests are computed again. Set "
                                 "sync_loads to false for this engine.")
-                result = JobResult(result.job_id, "load", ok=False)
-            self._finish(result)
+                ok = False
+            self._done(job, ok)
 
     def after_forward(self, plan: StepPlan) -> None:
         waits = dict(plan.after_sync)
@@ -223,9 +223,8 @@ class ConnectorWorker:
 
     def _submit(self, job: TransferJob) -> int:
         engine = self._engine()
-        copies = [ChunkCopy(c.group, c.slot, c.block_ids, c.first_block) for c in job.copies]
         submit = engine.submit_load if job.direction == "load" else engine.submit_store
-        engine_id = submit(copies)
+        engine_id = submit(_copies(job))
         if job.direction == "load":
             self._loading.append(engine_id)
         self._running[engine_id] = job
@@ -273,6 +272,10 @@ class ConnectorWorker:
         report.loaded.add(job.request_id)
         if not ok:
             report.failed_loads.add(job.request_id)
+
+
+def _copies(job: TransferJob) -> list[ChunkCopy]:
+    return [ChunkCopy(c.group, c.slot, c.block_ids, c.first_block) for c in job.copies]
 
 
 def _block_axis(layers: Sequence[torch.Tensor], num_blocks: int) -> Literal[0, 1]:
