@@ -1,7 +1,7 @@
-"""The scheduler's side of promotions from Redis (``integrations.vllm.tiers.TieredHost``,
-no vLLM needed): the chunks a step's lookups find on the server are promoted in one job,
-one read of the server, however the probes that found them were split and whenever each
-finished."""
+"""The scheduler's side of promotions (``integrations.vllm.tiers.TieredHost``, no vLLM
+needed): the chunks a step's lookups find on the Redis server are promoted in one job, one
+read of the server, however the probes that found them were split and whenever each
+finished; the chunks they find on disk likewise, in one job of their own."""
 
 from __future__ import annotations
 
@@ -12,13 +12,45 @@ from tier_helpers import GEOMETRY, SLOT, RedisServer, items, key
 
 from kvtier.integrations.vllm.tiers import scheduler_tiers
 from kvtier.store.manager import ChunkStore
-from kvtier.store.results import ChunkState
+from kvtier.store.results import ChunkState, StoreRefusal
 from kvtier.tiers.config import TierConfig
+from kvtier.tiers.disk.tier import DiskTier
 from kvtier.tiers.redis.tier import RedisTier
 
-pytestmark = pytest.mark.redis
+
+def test_a_steps_disk_finds_make_one_promotion(tmp_path: Path) -> None:
+    names = ["c0", "c1", "c2", "c3"]
+    below = DiskTier(tmp_path / "kv" / "rank0", 64 * SLOT, SLOT, geometry=GEOMETRY, fsync=False)
+    assert below.put(items(names[:3])) == [key(n) for n in names[:3]]
+    below.close()
+    config = TierConfig.from_dict({"host": {"capacity": 4 * SLOT},
+                                   "disk": {"path": str(tmp_path / "kv"), "capacity": "1MiB"}})
+    wrap = scheduler_tiers(config, 1, SLOT, GEOMETRY)
+    assert wrap is not None
+    host = ChunkStore(4)
+    tiers = wrap(host)
+    try:
+        # c3 is in host memory (the least recently used chunk there), the rest on disk; a
+        # lookup asks for the prompt's last chunk first, then for the rest: one promotion of
+        # both finds, and the room for it is made without evicting c3
+        for name in ("c3", "x"):
+            held = host.prepare_store([key(name)])
+            assert not isinstance(held, StoreRefusal)
+            host.complete_store(held, True)
+        assert tiers.lookup([key("c2"), key("c3")]) == [ChunkState.WRITING, ChunkState.READY]
+        assert tiers.lookup([key("c0"), key("c1")]) == [ChunkState.WRITING] * 2
+        promotions, _ = tiers.take_plan([])
+        assert [(p.tier, set(p.keys)) for p in promotions] == [
+            ("disk", {key("c2"), key("c0"), key("c1")})]
+        assert host.lookup([key("c3"), key("x")]) == [ChunkState.READY, ChunkState.ABSENT]
+        assert tiers.lookup([key(n) for n in names]) == [ChunkState.WRITING] * 3 + [
+            ChunkState.READY]
+        assert tiers.take_plan([]) == ((), ())  # promoted once
+    finally:
+        tiers.close()
 
 
+@pytest.mark.redis
 def test_a_steps_probes_make_one_promotion(redis_server: RedisServer, tmp_path: Path) -> None:
     names = ["c0", "c1", "c2"]
     below = RedisTier(redis_server.url, namespace="kvtier:rank0", geometry=GEOMETRY)

@@ -157,6 +157,8 @@ class TieredHost:
         self._probes: list[tuple[list[ChunkKey], Future[list[bool]]]] = []
         self._probing: set[ChunkKey] = set()
         self._found: list[ChunkKey] = []  # probed, held below, promoted with the next plan
+        self._disk_found: list[ChunkKey] = []  # found on disk, promoted with the next plan
+        self._held: dict[ChunkKey, None] = {}  # host chunks of the lookups that found them
         self._absent_until: dict[ChunkKey, float] = {}
         self._promoting: dict[int, _Promoting] = {}
         self._planned: list[Promotion] = []
@@ -196,8 +198,10 @@ class TieredHost:
             else:
                 self._absent_until[k] = now + self._miss_ttl_s
                 break  # the first chunk no tier holds: the rest cannot extend a hit
-        if on_disk:
-            self._promote(on_disk, "disk", held)
+        if on_disk:  # promoted with the step's plan, with whatever its other lookups find
+            self._probing.update(on_disk)
+            self._disk_found += on_disk
+            self._held.update(dict.fromkeys(held))
         if ask:
             self._ask_redis(ask)
         states = self.host.lookup(ks)
@@ -227,7 +231,8 @@ class TieredHost:
         """Fold in the Redis probes that finished: what no rank holds is absent; what every
         rank holds is promoted when ``promote`` (the step's plan is being made), in one
         promotion for every probe since the last plan (a lookup's last chunk and the rest:
-        one read instead of two in turn), and reported WRITING until then."""
+        one read instead of two in turn), and reported WRITING until then. The chunks the
+        lookups found on disk since the last plan are promoted then too, in one job."""
         done = [(ks, f) for ks, f in self._probes if f.done()]
         if done:
             self._probes = [(ks, f) for ks, f in self._probes if not f.done()]
@@ -240,6 +245,13 @@ class TieredHost:
                     else:
                         self._probing.discard(k)
                         self._absent_until[k] = until
+        if promote and self._disk_found:
+            on_disk, held = self._disk_found, list(self._held)
+            self._disk_found, self._held = [], {}
+            self._probing.difference_update(on_disk)
+            still = self.host.lookup(held)  # kept from eviction while slots are made
+            self._promote(on_disk, "disk",
+                          [k for k, st in zip(held, still, strict=True) if st is not _ABSENT])
         if promote and self._found:
             held_below, self._found = self._found, []
             self._probing.difference_update(held_below)
