@@ -31,14 +31,16 @@ def test_a_steps_disk_finds_make_one_promotion(tmp_path: Path) -> None:
     tiers = wrap(host)
     try:
         # c3 is in host memory (the least recently used chunk there), the rest on disk; a
-        # lookup asks for the prompt's last chunk first, then for the rest: one promotion of
-        # both finds, and the room for it is made without evicting c3
+        # request's lookup asks for the prompt's last chunk first, then for the rest: one
+        # promotion of both finds, and the room for it is made without evicting c3
+        tiers.request = "r1"
         for name in ("c3", "x"):
             held = host.prepare_store([key(name)])
             assert not isinstance(held, StoreRefusal)
             host.complete_store(held, True)
         assert tiers.lookup([key("c2"), key("c3")]) == [ChunkState.WRITING, ChunkState.READY]
         assert tiers.lookup([key("c0"), key("c1")]) == [ChunkState.WRITING] * 2
+        tiers.request = None
         promotions, _ = tiers.take_plan([])
         assert [(p.tier, set(p.keys)) for p in promotions] == [
             ("disk", {key("c2"), key("c0"), key("c1")})]
@@ -46,6 +48,32 @@ def test_a_steps_disk_finds_make_one_promotion(tmp_path: Path) -> None:
         assert tiers.lookup([key(n) for n in names]) == [ChunkState.WRITING] * 3 + [
             ChunkState.READY]
         assert tiers.take_plan([]) == ((), ())  # promoted once
+    finally:
+        tiers.close()
+
+
+def test_each_requests_disk_finds_are_a_promotion_of_their_own(tmp_path: Path) -> None:
+    """Two requests' finds in one step: 3 + 2 chunks, 4 host slots. Each fits alone; one
+    job of both never would (nothing promoted, step after step), and a bad record of one
+    would fail the other's."""
+    a, b = ["a0", "a1", "a2"], ["b0", "b1"]
+    below = DiskTier(tmp_path / "kv" / "rank0", 64 * SLOT, SLOT, geometry=GEOMETRY, fsync=False)
+    assert len(below.put(items(a + b))) == 5
+    below.close()
+    config = TierConfig.from_dict({"host": {"capacity": 4 * SLOT},
+                                   "disk": {"path": str(tmp_path / "kv"), "capacity": "1MiB"}})
+    wrap = scheduler_tiers(config, 1, SLOT, GEOMETRY)
+    assert wrap is not None
+    tiers = wrap(ChunkStore(4))
+    try:
+        for request, names in (("ra", a), ("rb", b), (None, ["b0"])):
+            tiers.request = request
+            tiers.lookup([key(n) for n in names])
+        tiers.request = None
+        promotions, _ = tiers.take_plan([])
+        assert [(p.tier, set(p.keys)) for p in promotions] == [
+            ("disk", {key(n) for n in a})]  # b's did not fit beside a's: they wait
+        assert tiers.lookup([key(n) for n in b]) == [ChunkState.WRITING] * 2
     finally:
         tiers.close()
 
@@ -62,12 +90,14 @@ def test_a_steps_probes_make_one_promotion(redis_server: RedisServer, tmp_path: 
     assert wrap is not None
     tiers = wrap(ChunkStore(8))
     try:
-        # a lookup asks for the prompt's last chunk first; its probe finishes before the
-        # lookup asks for the rest (the second lookup folds it in)
+        # a request's lookup asks for the prompt's last chunk first; its probe finishes
+        # before the lookup asks for the rest (the second lookup folds it in)
+        tiers.request = "r1"
         assert tiers.lookup([key("c2")]) == [ChunkState.WRITING]
         tiers.settle()
         assert tiers.lookup([key("c0"), key("c1")]) == [ChunkState.WRITING] * 2
         tiers.settle()
+        tiers.request = None
         promotions, _ = tiers.take_plan([])
         assert [(p.tier, set(p.keys)) for p in promotions] == [
             ("redis", {key("c2"), key("c0"), key("c1")})]
@@ -77,5 +107,29 @@ def test_a_steps_probes_make_one_promotion(redis_server: RedisServer, tmp_path: 
         tiers.settle()
         assert tiers.lookup([key("gone")]) == [ChunkState.ABSENT]
         assert tiers.take_plan([]) == ((), ())
+    finally:
+        tiers.close()
+
+
+@pytest.mark.redis
+def test_each_requests_probes_are_a_promotion_of_their_own(redis_server: RedisServer) -> None:
+    below = RedisTier(redis_server.url, namespace="kvtier:rank0", geometry=GEOMETRY)
+    assert len(below.put(items(["a0", "a1", "b0"]))) == 3
+    below.close()
+    config = TierConfig.from_dict({"host": {"capacity": 8 * SLOT},
+                                   "redis": {"url": redis_server.url}})
+    wrap = scheduler_tiers(config, 1, SLOT, GEOMETRY)
+    assert wrap is not None
+    tiers = wrap(ChunkStore(8))
+    try:
+        for request, names in (("ra", ["a1"]), ("rb", ["b0"]), ("ra", ["a0"]), (None, ["zz"])):
+            tiers.request = request
+            tiers.lookup([key(n) for n in names])
+        tiers.request = None
+        tiers.settle()
+        promotions, _ = tiers.take_plan([])
+        assert sorted(sorted(p.keys) for p in promotions) == sorted(
+            [sorted([key("a0"), key("a1")]), [key("b0")]])
+        assert {p.tier for p in promotions} == {"redis"}
     finally:
         tiers.close()

@@ -90,7 +90,8 @@ class _Worker:
     def stop(self) -> None:
         self._queue.put(None)
         self._thread.join()
-        self._mover.close()
+        with self._moving:  # a job moving on a caller's thread (run_here) finishes first
+            self._mover.close()
 
     def run_here(self, job: _Job) -> JobResult | None:
         """Run ``job`` on the calling thread if no job put here is unfinished (else None,
@@ -148,6 +149,7 @@ class TransferEngine:
         self._cond = threading.Condition()
         self._pending: set[int] = set()
         self._done: dict[int, JobResult] = {}
+        self._claimed: set[int] = set()  # run_load's queued jobs: neither polled nor waited
         self._workers: dict[str, _Worker] = {}
         self._closed = False
 
@@ -209,37 +211,46 @@ class TransferEngine:
 
         For a caller that would only wait for the load: on the CPU, with no load queued,
         the bytes move on the calling thread (no hand-over to the load thread and back);
-        otherwise, and on CUDA (whose copies run on the load stream), it is ``submit_load``
-        then ``wait``."""
-        if self.device.type != "cpu":
-            return self.wait(self.submit_load(copies))
+        otherwise, and on CUDA (whose copies run on the load stream), the job is queued on
+        the load thread and waited for."""
         batches = plan_job(self._views, "load", copies, self._slab)  # checks the copies
         self.start()
+        ready = self._record_ready()
         with self._cond:
             if self._closed:
                 raise RuntimeError("TransferEngine is closed")
-            job = _Job(next(self._ids), batches, None)
+            job = _Job(next(self._ids), batches, ready)
             worker = self._workers["load"]
-        result = worker.run_here(job)
-        if result is not None:
-            return result
-        with self._cond:  # a load was queued: behind it, on the load thread
+        if self.device.type == "cpu":
+            result = worker.run_here(job)
+            if result is not None:
+                return result
+        with self._cond:  # behind the queued loads, on the load thread
             if self._closed:
                 raise RuntimeError("TransferEngine is closed")
             self._pending.add(job.job_id)
+            self._claimed.add(job.job_id)
             worker.put(job)
-        return self.wait(job.job_id)
+        result = self._take(job.job_id, None)
+        with self._cond:  # (a wait cut short leaves it claimed: no one else collects it)
+            self._claimed.discard(job.job_id)
+        return result
 
     def poll(self) -> list[JobResult]:
         """Every job finished since the last poll or wait, by job id; each reported once."""
         with self._cond:
-            out = [self._done.pop(j) for j in sorted(self._done)]
+            out = [self._done.pop(j) for j in sorted(self._done) if j not in self._claimed]
         return out
 
     def wait(self, job_id: int, timeout: float | None = None) -> JobResult:
         """Block until ``job_id`` finishes; ``TimeoutError`` if it has not after ``timeout`` s."""
+        return self._take(job_id, timeout, claimed=False)
+
+    def _take(self, job_id: int, timeout: float | None, claimed: bool = True) -> JobResult:
+        """``wait``'s, and run_load's for its own job (``claimed``)."""
         with self._cond:
-            if job_id not in self._pending and job_id not in self._done:
+            known = job_id in self._pending or job_id in self._done
+            if not known or (not claimed and job_id in self._claimed):
                 raise ValueError(f"job {job_id} is unknown or its result was already collected")
             if not self._cond.wait_for(lambda: job_id in self._done, timeout):
                 raise TimeoutError(f"job {job_id} did not finish within {timeout} s")

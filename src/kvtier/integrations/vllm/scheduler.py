@@ -123,7 +123,14 @@ class ConnectorScheduler:
         """
         self.changes += 1
         self._learn(request_id, tokens)
-        found = self.planner.lookup(request_id, num_computed)
+        if self.tiers is None:
+            found = self.planner.lookup(request_id, num_computed)
+        else:
+            self.tiers.request = request_id  # its disk finds promoted together
+            try:
+                found = self.planner.lookup(request_id, num_computed)
+            finally:
+                self.tiers.request = None
         if found.outcome is Outcome.WAIT:
             return None, False
         if found.outcome is Outcome.MISS:

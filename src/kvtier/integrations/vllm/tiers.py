@@ -154,11 +154,18 @@ class TieredHost:
         self._redis = list(redis)
         self._miss_ttl_s, self._clock, self._num_workers = config.miss_ttl_s, clock, num_workers
         self._probe = Workers("probe", 1)
-        self._probes: list[tuple[list[ChunkKey], Future[list[bool]]]] = []
+        self._probes: list[tuple[list[ChunkKey], Future[list[bool]], object]] = []
         self._probing: set[ChunkKey] = set()
-        self._found: list[ChunkKey] = []  # probed, held below, promoted with the next plan
-        self._disk_found: list[ChunkKey] = []  # found on disk, promoted with the next plan
-        self._held: dict[ChunkKey, None] = {}  # host chunks of the lookups that found them
+        # probed and held below, promoted with the next plan: by request (``request``)
+        self._found: dict[object, list[ChunkKey]] = {}
+        # found on disk, promoted with the next plan: by request, with the host chunks of
+        # the lookups that found them (kept from eviction while the slots are made)
+        self._disk_found: dict[object, tuple[list[ChunkKey], dict[ChunkKey, None]]] = {}
+        self.request: str | None = None
+        """The request whose lookup the planner is making, if the caller says
+        (``ConnectorScheduler.lookup``): the chunks one request's lookups find below in a
+        step are promoted in one job per tier (a lookup asks for the prompt's last chunk,
+        then for the rest); each other lookup's in one of its own."""
         self._absent_until: dict[ChunkKey, float] = {}
         self._promoting: dict[int, _Promoting] = {}
         self._planned: list[Promotion] = []
@@ -198,10 +205,11 @@ class TieredHost:
             else:
                 self._absent_until[k] = now + self._miss_ttl_s
                 break  # the first chunk no tier holds: the rest cannot extend a hit
-        if on_disk:  # promoted with the step's plan, with whatever its other lookups find
+        if on_disk:  # promoted with the step's plan
             self._probing.update(on_disk)
-            self._disk_found += on_disk
-            self._held.update(dict.fromkeys(held))
+            found, kept = self._disk_found.setdefault(self._asking(), ([], {}))
+            found += on_disk
+            kept.update(dict.fromkeys(held))
         if ask:
             self._ask_redis(ask)
         states = self.host.lookup(ks)
@@ -217,7 +225,11 @@ class TieredHost:
 
     def _ask_redis(self, keys: list[ChunkKey]) -> None:
         self._probing.update(keys)
-        self._probes.append((keys, self._probe.submit(self._exists, keys)))
+        self._probes.append((keys, self._probe.submit(self._exists, keys), self._asking()))
+
+    def _asking(self) -> object:
+        """Whose finds a lookup's are: its request's, else its own."""
+        return object() if self.request is None else self.request
 
     def _exists(self, keys: list[ChunkKey]) -> list[bool]:
         """On the probe thread: whether every rank's namespace holds each key."""
@@ -229,33 +241,41 @@ class TieredHost:
 
     def _take_probes(self, promote: bool = False) -> None:
         """Fold in the Redis probes that finished: what no rank holds is absent; what every
-        rank holds is promoted when ``promote`` (the step's plan is being made), in one
-        promotion for every probe since the last plan (a lookup's last chunk and the rest:
-        one read instead of two in turn), and reported WRITING until then. The chunks the
-        lookups found on disk since the last plan are promoted then too, in one job."""
-        done = [(ks, f) for ks, f in self._probes if f.done()]
+        rank holds is promoted when ``promote`` (the step's plan is being made), one
+        promotion for each request's probes since the last plan (``request``: a lookup's
+        last chunk and the rest, one read instead of two in turn), and reported WRITING
+        until then. The chunks the lookups found on disk since the last plan are promoted
+        then too, likewise. One job per request: several requests' together could need more
+        slots than host memory has where each alone fits, and one bad record would fail
+        them all."""
+        done: list[tuple[list[ChunkKey], Future[list[bool]], object]] = []
+        waiting: list[tuple[list[ChunkKey], Future[list[bool]], object]] = []
+        for probe in self._probes:  # each asked once: one finishing meanwhile is not lost
+            (done if probe[1].done() else waiting).append(probe)
         if done:
-            self._probes = [(ks, f) for ks, f in self._probes if not f.done()]
+            self._probes = waiting
             until = self._clock() + self._miss_ttl_s
-            for keys, future in done:
+            for keys, future, asking in done:
                 found = [False] * len(keys) if future.exception() else future.result()
                 for k, f in zip(keys, found, strict=True):
                     if f:
-                        self._found.append(k)
+                        self._found.setdefault(asking, []).append(k)
                     else:
                         self._probing.discard(k)
                         self._absent_until[k] = until
         if promote and self._disk_found:
-            on_disk, held = self._disk_found, list(self._held)
-            self._disk_found, self._held = [], {}
-            self._probing.difference_update(on_disk)
-            still = self.host.lookup(held)  # kept from eviction while slots are made
-            self._promote(on_disk, "disk",
-                          [k for k, st in zip(held, still, strict=True) if st is not _ABSENT])
+            groups, self._disk_found = self._disk_found.values(), {}
+            for on_disk, kept in groups:
+                self._probing.difference_update(on_disk)
+                looked = list(kept)
+                still = self.host.lookup(looked)  # kept only while still in host memory
+                self._promote(on_disk, "disk", [k for k, st in zip(looked, still, strict=True)
+                                                if st is not _ABSENT])
         if promote and self._found:
-            held_below, self._found = self._found, []
-            self._probing.difference_update(held_below)
-            self._promote(held_below, "redis", [])
+            held_below, self._found = self._found.values(), {}
+            for keys in held_below:
+                self._probing.difference_update(keys)
+                self._promote(keys, "redis", [])
 
     def _promote(self, keys: list[ChunkKey], tier: str, held: list[ChunkKey]) -> None:
         """Reserve host slots for ``keys`` (``held``, the lookup's chunks in host memory,
@@ -326,7 +346,7 @@ class TieredHost:
         """Wait (bounded) for the probes in flight; the next lookup folds them in (tests,
         and steps in which vLLM scheduled nothing: ``scheduler.IDLE_WAIT_S``)."""
         with self.lock:
-            futures = [f for _, f in self._probes]
+            futures = [f for _, f, _ in self._probes]
         wait(futures, timeout=timeout_s)
 
     def close(self) -> None:
