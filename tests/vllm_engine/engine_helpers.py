@@ -58,12 +58,13 @@ class Engine:
     """One in-process ``LLM`` with ``KvtierConnector``; ``close()`` frees it."""
 
     def __init__(self, model: Path, *, num_blocks: int, speculative: dict[str, Any] | None = None,
-                 max_model_len: int = 1024, connector: bool = True,
+                 max_model_len: int = 1024, connector: bool | dict[str, Any] = True,
                  kv_events: Any = None, llm_args: dict[str, Any] | None = None,
                  **options: Any) -> None:
         """``kv_events``: a vLLM ``KVEventsConfig``; ``llm_args``: more of ``LLM``'s
         arguments (``kv_cache_memory_bytes`` there replaces ``num_blocks``); ``options``:
-        the connector's."""
+        the connector's; ``connector``: kvtier's (True), none (False), or another one's
+        ``kv_transfer_config``."""
         args: dict[str, Any] = {
             "kv_cache_memory_bytes": num_blocks * _block_bytes(model, speculative),
             **(llm_args or {})}
@@ -72,7 +73,8 @@ class Engine:
                 model=str(model), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
                 max_model_len=max_model_len, enforce_eager=True,
                 distributed_executor_backend="uni",
-                kv_transfer_config=kv_transfer_config(**options) if connector else None,
+                kv_transfer_config=(connector if isinstance(connector, dict)
+                                    else kv_transfer_config(**options) if connector else None),
                 speculative_config=speculative, disable_log_stats=False,
                 kv_events_config=kv_events, **args,
             )
@@ -85,7 +87,7 @@ class Engine:
         core = self.llm.llm_engine.engine_core.engine_core
         self.scheduler = core.scheduler
         self.layout: Layout | None = None
-        if connector:
+        if connector is True:
             setup = connector_setup(self.llm.llm_engine.vllm_config,
                                     self.scheduler.kv_cache_config)
             self.layout = setup.layout
