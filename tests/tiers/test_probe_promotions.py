@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tier_helpers import GEOMETRY, SLOT, RedisServer, items, key
 
-from kvtier.integrations.vllm.tiers import scheduler_tiers
+from kvtier.integrations.vllm.tiers import TieredHost, scheduler_tiers
 from kvtier.store.manager import ChunkStore
 from kvtier.store.results import ChunkState, StoreRefusal
 from kvtier.tiers.config import TierConfig
@@ -18,17 +18,33 @@ from kvtier.tiers.disk.tier import DiskTier
 from kvtier.tiers.redis.tier import RedisTier
 
 
-def test_a_steps_disk_finds_make_one_promotion(tmp_path: Path) -> None:
-    names = ["c0", "c1", "c2", "c3"]
+def _on_disk(tmp_path: Path, names: list[str], host: ChunkStore) -> TieredHost:
+    """The scheduler's tiers over ``host`` (one rank), with ``names`` on its disk."""
     below = DiskTier(tmp_path / "kv" / "rank0", 64 * SLOT, SLOT, geometry=GEOMETRY, fsync=False)
-    assert below.put(items(names[:3])) == [key(n) for n in names[:3]]
+    assert below.put(items(names)) == [key(n) for n in names]
     below.close()
-    config = TierConfig.from_dict({"host": {"capacity": 4 * SLOT},
-                                   "disk": {"path": str(tmp_path / "kv"), "capacity": "1MiB"}})
+    return _tiers({"disk": {"path": str(tmp_path / "kv"), "capacity": "1MiB"}}, host)
+
+
+def _on_redis(url: str, names: list[str], host: ChunkStore) -> TieredHost:
+    """The scheduler's tiers over ``host`` (one rank), with ``names`` on the server."""
+    below = RedisTier(url, namespace="kvtier:rank0", geometry=GEOMETRY)
+    assert below.put(items(names)) == [key(n) for n in names]
+    below.close()
+    return _tiers({"redis": {"url": url}}, host)
+
+
+def _tiers(section: dict[str, object], host: ChunkStore) -> TieredHost:
+    config = TierConfig.from_dict({"host": {"capacity": host.num_slots * SLOT}, **section})
     wrap = scheduler_tiers(config, 1, SLOT, GEOMETRY)
     assert wrap is not None
+    return wrap(host)
+
+
+def test_a_steps_disk_finds_make_one_promotion(tmp_path: Path) -> None:
+    names = ["c0", "c1", "c2", "c3"]
     host = ChunkStore(4)
-    tiers = wrap(host)
+    tiers = _on_disk(tmp_path, names[:3], host)
     try:
         # c3 is in host memory (the least recently used chunk there), the rest on disk; a
         # request's lookup asks for the prompt's last chunk first, then for the rest: one
@@ -57,14 +73,7 @@ def test_each_requests_disk_finds_are_a_promotion_of_their_own(tmp_path: Path) -
     job of both never would (nothing promoted, step after step), and a bad record of one
     would fail the other's."""
     a, b = ["a0", "a1", "a2"], ["b0", "b1"]
-    below = DiskTier(tmp_path / "kv" / "rank0", 64 * SLOT, SLOT, geometry=GEOMETRY, fsync=False)
-    assert len(below.put(items(a + b))) == 5
-    below.close()
-    config = TierConfig.from_dict({"host": {"capacity": 4 * SLOT},
-                                   "disk": {"path": str(tmp_path / "kv"), "capacity": "1MiB"}})
-    wrap = scheduler_tiers(config, 1, SLOT, GEOMETRY)
-    assert wrap is not None
-    tiers = wrap(ChunkStore(4))
+    tiers = _on_disk(tmp_path, a + b, ChunkStore(4))
     try:
         for request, names in (("ra", a), ("rb", b), (None, ["b0"])):
             tiers.request = request
@@ -81,14 +90,7 @@ def test_each_requests_disk_finds_are_a_promotion_of_their_own(tmp_path: Path) -
 @pytest.mark.redis
 def test_a_steps_probes_make_one_promotion(redis_server: RedisServer, tmp_path: Path) -> None:
     names = ["c0", "c1", "c2"]
-    below = RedisTier(redis_server.url, namespace="kvtier:rank0", geometry=GEOMETRY)
-    assert below.put(items(names)) == [key(n) for n in names]
-    below.close()
-    config = TierConfig.from_dict({"host": {"capacity": 8 * SLOT},
-                                   "redis": {"url": redis_server.url}})
-    wrap = scheduler_tiers(config, 1, SLOT, GEOMETRY)
-    assert wrap is not None
-    tiers = wrap(ChunkStore(8))
+    tiers = _on_redis(redis_server.url, names, ChunkStore(8))
     try:
         # a request's lookup asks for the prompt's last chunk first; its probe finishes
         # before the lookup asks for the rest (the second lookup folds it in)
@@ -113,14 +115,7 @@ def test_a_steps_probes_make_one_promotion(redis_server: RedisServer, tmp_path: 
 
 @pytest.mark.redis
 def test_each_requests_probes_are_a_promotion_of_their_own(redis_server: RedisServer) -> None:
-    below = RedisTier(redis_server.url, namespace="kvtier:rank0", geometry=GEOMETRY)
-    assert len(below.put(items(["a0", "a1", "b0"]))) == 3
-    below.close()
-    config = TierConfig.from_dict({"host": {"capacity": 8 * SLOT},
-                                   "redis": {"url": redis_server.url}})
-    wrap = scheduler_tiers(config, 1, SLOT, GEOMETRY)
-    assert wrap is not None
-    tiers = wrap(ChunkStore(8))
+    tiers = _on_redis(redis_server.url, ["a0", "a1", "b0"], ChunkStore(8))
     try:
         for request, names in (("ra", ["a1"]), ("rb", ["b0"]), ("ra", ["a0"]), (None, ["zz"])):
             tiers.request = request
