@@ -126,7 +126,7 @@ class ConnectorScheduler:
         if self.tiers is None:
             found = self.planner.lookup(request_id, num_computed)
         else:
-            self.tiers.request = request_id  # its disk finds promoted together
+            self.tiers.request = request_id  # what its lookups find below: one promotion a tier
             try:
                 found = self.planner.lookup(request_id, num_computed)
             finally:
