@@ -31,10 +31,9 @@ measures elapsed time. The configurations run side by side, a step each in turn
 (``measure``), in a new order each turn, so that the machine's slow spells fall on all of
 them alike and none always runs after the same one (whose code is then warm in the CPU's
 caches); measured one after another, the same build came out ahead of native or behind it
-from run to run. Each
-round starts from a collected heap (``gc.collect()``, untimed): otherwise the round before
-leaves its simulators (vLLM's scheduler, its requests, a connector: reference cycles) for
-the cyclic collector to free during this one's timed steps.
+from run to run. Each round starts from a collected heap (``gc.collect()``, untimed):
+otherwise the round before leaves its simulators (vLLM's scheduler, its requests, a
+connector: reference cycles) for the cyclic collector to free during this one's timed steps.
 
 Then, request by request, the side-by-side table of ``kvtier.integrations.vllm.parity``:
 the cases where native once restored more (an exact repeat of a prompt ending on a chunk
@@ -107,20 +106,11 @@ def none_report(meta: Any) -> tuple[KVConnectorOutput, int]:
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 
-def run(sim: VllmSim, waves: list[list[list[int]]],
-        report: Callable[[Any], tuple[KVConnectorOutput, int]], block_bytes: int,
-        clock: Callable[[], float] = time.thread_time) -> dict[str, Any]:
-    """Drive the stream; returns scheduler seconds, steps, hit tokens and stored bytes."""
-    figures: dict[str, Any] = {}
-    for _ in steps(sim, waves, report, block_bytes, clock, figures):
-        pass
-    return figures
-
-
 def steps(sim: VllmSim, waves: list[list[list[int]]],
           report: Callable[[Any], tuple[KVConnectorOutput, int]], block_bytes: int,
           clock: Callable[[], float], figures: dict[str, Any]) -> Iterator[None]:
-    """``run``, one scheduler step per ``next``; ``figures`` is filled in at the end."""
+    """Drive the stream, one scheduler step per ``next``; ``figures`` gets the scheduler
+    seconds, steps, hit tokens and stored bytes at the end."""
     hits = [0]
     connector = sim.scheduler.connector
     if connector is not None:
