@@ -23,6 +23,7 @@ COMPILED = [
     "src/kvtier/integrations/vllm/state.py",
     "src/kvtier/integrations/vllm/tracked.py",
     "src/kvtier/keys.py",
+    "src/kvtier/planner/at_once.py",
     "src/kvtier/planner/binding.py",
     "src/kvtier/planner/jobs.py",
     "src/kvtier/planner/lookup.py",

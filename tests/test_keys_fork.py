@@ -101,3 +101,47 @@ def test_the_planner_takes_a_salted_chain_under_its_salt():
     p = planner()
     p.add_request("a", KeyChain(PLAIN, salted, range(20)), salt="tenant-a")
     assert p.num_requests == 1
+
+
+@pytest.mark.parametrize("layout", [PLAIN, ODD, DRAFT])
+def test_a_fork_extended_continues_its_source_and_its_sibling(layout):
+    source = KeyChain(layout, NS, range(30))
+    sibling, longer = source.fork(), source.fork()
+    longer.extend(range(30, 70))
+    assert longer.continues(source) and longer.continues(sibling)
+    assert all_keys(longer) == all_keys(KeyChain(layout, NS, range(70)))
+    assert not source.continues(longer)  # the other way round
+    assert not longer.continues(KeyChain(layout, NS, range(30)))  # equal tokens, no lineage
+    sibling.extend([5])  # no longer the length the fork was made at
+    assert not longer.continues(sibling)
+    late = source.fork()  # a fork made after the source grew: another point
+    source.extend(range(30, 40))
+    assert not longer.continues(source) and not late.continues(source)
+
+
+def test_the_planner_takes_a_chain_that_continues_the_requests_as_its_new_tokens():
+    tokens = list(range(64))
+    prompt = KeyChain(PLAIN, NS, tokens[:40])
+    whole = prompt.fork()
+    whole.extend(tokens[40:])
+    by_tokens, by_chain = planner(), planner()
+    for p, rest in ((by_tokens, tokens[40:]), (by_chain, whole)):
+        p.add_request("a", prompt)
+        p.append_tokens("a", rest)
+        job = p.on_computed("a", 64, [[*range(4)], [*range(16)]])
+        assert job is not None
+        p.complete_store(job.id, True)
+        p.finish("a")
+        p.add_request("b", [*tokens, 99])
+        assert p.lookup("b", 0).hit_tokens == 64  # the whole 64 tokens stored, same keys
+
+
+def test_the_planner_refuses_a_chain_that_does_not_continue_the_requests():
+    p = planner()
+    prompt = KeyChain(PLAIN, NS, range(40))
+    p.add_request("a", prompt)
+    unrelated = KeyChain(PLAIN, NS, range(64))  # the same tokens, but not a fork: unproven
+    with pytest.raises(ValueError, match="does not continue the request's own"):
+        p.append_tokens("a", unrelated)
+    p.append_tokens("a", range(40, 64))  # the request is unharmed
+    assert p.on_computed("a", 64, [[*range(4)], [*range(16)]]) is not None

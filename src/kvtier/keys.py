@@ -129,6 +129,8 @@ class KeyChain:
         # the C loop's state when kvtier._native is there now (a test takes it away)
         self._state = (bytearray(start.state) if start.state is not None and _native is not None
                        else None)
+        self._origin: tuple[KeyChain, int] | None = None
+        """The chain this one is a fork of and its tokens then (``continues``)."""
         self.extend(tokens)
 
     @property
@@ -149,7 +151,19 @@ class KeyChain:
         twin._spine = self._spine.copy()
         twin._hash = self._hash.copy()
         twin._state = None if self._state is None else bytearray(self._state)
+        origin = self._origin
+        twin._origin = (origin if origin is not None and origin[1] == self.num_tokens
+                        else (self, self.num_tokens))
         return twin
+
+    def continues(self, other: KeyChain) -> bool:
+        """Whether this chain is ``other`` extended: both are forks of one chain at the same
+        length (or this one a fork of ``other``), and ``other`` has not been extended since
+        (``Planner.append_tokens`` takes such a chain without hashing its tokens again)."""
+        at = other._origin if other._origin is not None else (other, other.num_tokens)
+        mine = self._origin
+        return (mine is not None and mine[0] is at[0] and mine[1] == at[1]
+                and other.num_tokens == at[1] and self.num_tokens >= at[1])
 
     def _blank(self) -> KeyChain:
         """A chain of this one's kind, layout and namespace with no tokens (``fork``'s

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kvtier import coverage
 from kvtier.keys import KeyChain, Namespace
 from kvtier.layout import Group, Layout
-from kvtier.planner.binding import ChunkBinder, LiveChunk
+from kvtier.planner.binding import ChunkBinder
 from kvtier.planner.requests import RequestState
 from kvtier.planner.types import RequestLimits
 
@@ -21,12 +21,12 @@ NS = Namespace("binder-keys")
 CHAIN = KeyChain(LAYOUT, NS, range(200))  # 25 chunks of 8 tokens per group, and a draft tail
 
 
-def by_key(live: list[LiveChunk]) -> tuple[list[bytes | None], list[bytes | None]]:
+def by_key(pairs: list[tuple[int, int]]) -> tuple[list[bytes | None], list[bytes | None]]:
     """The reference: one ``KeyChain.key`` per chunk, its predecessor's for full attention."""
-    keys = [CHAIN.key(c.group, c.chunk) for c in live]
-    parents = [CHAIN.key(c.group, c.chunk - 1)
-               if c.chunk and coverage.needs_predecessor(LAYOUT.groups[c.group]) else None
-               for c in live]
+    keys = [CHAIN.key(gi, c) for gi, c in pairs]
+    parents = [CHAIN.key(gi, c - 1)
+               if c and coverage.needs_predecessor(LAYOUT.groups[gi]) else None
+               for gi, c in pairs]
     return keys, parents
 
 
@@ -37,15 +37,13 @@ def test_keys_and_parents_equal_each_chunks_own(pairs: list[tuple[int, int]],
                                                 ordered: bool) -> None:
     if ordered:  # the planner's usual order: group outermost, ascending
         pairs = sorted(set(pairs))
-    live = [LiveChunk(gi, c, 0, ()) for gi, c in pairs]
     req = RequestState("r", CHAIN, CHAIN.num_tokens, RequestLimits())
-    keys, parents = ChunkBinder(LAYOUT).keys_and_parents(req, live)
-    assert (keys, parents) == by_key(live)
+    keys, parents = ChunkBinder(LAYOUT).keys_and_parents(req, pairs)
+    assert (keys, parents) == by_key(pairs)
 
 
 def test_negative_control_a_parent_one_chunk_off_differs() -> None:
-    live = [LiveChunk(0, c, 0, ()) for c in (3, 4, 5)]
     req = RequestState("r", CHAIN, CHAIN.num_tokens, RequestLimits())
-    _, parents = ChunkBinder(LAYOUT).keys_and_parents(req, live)
+    _, parents = ChunkBinder(LAYOUT).keys_and_parents(req, [(0, c) for c in (3, 4, 5)])
     assert parents == [CHAIN.key(0, c) for c in (2, 3, 4)]
     assert parents != [CHAIN.key(0, c) for c in (3, 4, 5)]

@@ -132,22 +132,22 @@ class ChunkBinder:
         row[chunk] = c
         return c
 
-    def keys_and_parents(self, req: RequestState, live: list[LiveChunk]
+    def keys_and_parents(self, req: RequestState, chunks: Sequence[tuple[int, int]]
                          ) -> tuple[list[ChunkKey], list[ChunkKey | None]]:
-        """Each chunk's key, and its eviction hint: its predecessor's key where a hit needs
-        both, else None. Hashed per run of one group's chunks in one batch: the planner's
-        chunks come group outermost, ascending, so a run is usually one slice of the
-        chain's keys and its parents the same slice one chunk back.
+        """Each (group, chunk)'s key, and its eviction hint: its predecessor's key where a
+        hit needs both, else None. Hashed per run of one group's chunks in one batch: the
+        planner's chunks come group outermost, ascending, so a run is usually one slice of
+        the chain's keys and its parents the same slice one chunk back.
         Example: chunks 3, 4, 5 of a full-attention group -> keys k3 k4 k5, parents k2 k3 k4."""
         keys: list[ChunkKey] = []
         parents: list[ChunkKey | None] = []
-        start, n = 0, len(live)
+        start, n = 0, len(chunks)
         while start < n:
-            gi = live[start].group
+            gi = chunks[start][0]
             end = start + 1
-            while end < n and live[end].group == gi:
+            while end < n and chunks[end][0] == gi:
                 end += 1
-            self._run_keys(req, gi, [c.chunk for c in live[start:end]], keys, parents)
+            self._run_keys(req, gi, [c for _, c in chunks[start:end]], keys, parents)
             start = end
         return keys, parents
 

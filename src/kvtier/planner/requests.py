@@ -100,6 +100,22 @@ def prompt_chain(
     return chain
 
 
+def extended(request_id: str, chain: KeyChain, more: Iterable[int] | KeyChain) -> KeyChain:
+    """The request's chain after ``append_tokens(more)``: ``chain`` extended by the tokens
+    ``more``, or ``more`` itself when it is a chain that ``continues`` ``chain`` (a fork of
+    the chain the request was added with, made before the request, then extended: every
+    key the two share is equal); ``ValueError`` for a chain that does not."""
+    if not isinstance(more, KeyChain):
+        chain.extend(more)
+        return chain
+    if not more.continues(chain):
+        raise ValueError(
+            f"request {request_id!r}: append_tokens got a KeyChain that does not continue "
+            "the request's own (fork the chain given to add_request before adding the "
+            "request, then extend the fork), or pass the new tokens")
+    return more
+
+
 def load_block_ids(
     table: Sequence[Sequence[int | None]], gi: int, group: Group, run: BlockRun, request_id: str
 ) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ order, and the result equals a plain LRU simulation of the trace's blocks (teste
 from __future__ import annotations
 
 import gc
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from itertools import count
@@ -27,7 +28,8 @@ from typing import Protocol
 from kvtier import coverage
 from kvtier.keys import TAG_SIZE, ChunkKey
 from kvtier.layout import Layout
-from kvtier.planner import Lookup, Outcome, Planner, RequestLimits, TransferJob
+from kvtier.planner import Lookup, Outcome, RequestLimits, TransferJob
+from kvtier.planner.at_once import AtOncePlanner
 from kvtier.replay.hits import HitPlans, block_hit
 from kvtier.replay.metadata import metadata_store
 from kvtier.replay.policies import INFINITE, ReplayBelady, build_policy
@@ -118,8 +120,8 @@ class Driver:
         clock: Callable[[], float] | None = None, plane: DataPlane | None = None,
     ) -> None:
         self.config, self.layout, self.store, self.plane = config, config.layout, store, plane
-        self.planner = Planner(config.layout, store, replay_namespace(config.layout),
-                               clock=clock or time.monotonic)
+        self.planner = AtOncePlanner(config.layout, store, replay_namespace(config.layout),
+                                     clock=clock or time.monotonic)
         slots = store.tier_slots()
         self.stats = ReplayStats(policy, slots, [GroupCounts.of(g) for g in config.layout.groups])
         self.belady = store.policy if isinstance(store.policy, ReplayBelady) else None
@@ -179,13 +181,20 @@ class Driver:
         """Accept and complete a hit: the keys loaded, bytes per tier, tokens restored."""
         if found.outcome is not Outcome.HIT:
             return set(), {}, 0
+        if self.plane is None:  # nothing to move: the load completes within the call
+            keys = self.planner.load_at_once(rid)
+            return (set(itertools.chain.from_iterable(keys)),
+                    self._count_load(keys, found.hit_tokens), found.hit_tokens)
         job = self.planner.accept_hit(rid, _table(self.layout, found.hit_tokens))
         corrupt = self.plane.load(job) if self.plane is not None else []
         self.planner.complete_load(job.id, not corrupt, corrupt)
         if corrupt:  # a kvtier bug: counted by the plane, the hit recomputed
             return set(), {}, 0
-        by_tier = self._count_load(job, found.hit_tokens)
-        return {c.key for c in job.copies}, by_tier, found.hit_tokens
+        by_group: list[list[ChunkKey]] = [[] for _ in self.layout.groups]
+        for c in job.copies:
+            by_group[c.group].append(c.key)
+        return {c.key for c in job.copies}, self._count_load(by_group, found.hit_tokens), \
+            found.hit_tokens
 
     def store_all(
         self, rid: str, req: TraceRequest, refs: RequestRefs, loaded: set[object],
@@ -197,9 +206,11 @@ class Driver:
             where = self.store.locate_checked(refs.keys)
         held = [(k, w) for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
         hold = self.store.hold([k for k, _ in held], [w for _, w in held]) if held else None
-        if refs.store_tokens > refs.num_prompt:
-            self.planner.append_tokens(rid, token_span(req.hash_ids, self.config.block_tokens,
-                                                       refs.num_prompt, refs.store_tokens))
+        if refs.store_tokens > refs.num_prompt:  # the rest of the stored scope
+            top, width = refs.store_tokens, self.config.block_tokens
+            rest = (refs.stored if refs.stored.num_tokens == top else  # hashed with the refs
+                    token_span(req.hash_ids, width, refs.num_prompt, top))  # a truncated scope
+            self.planner.append_tokens(rid, rest)
         self._store_in_order(rid, refs, where, loaded)
         if hold is not None:
             self.store.complete_load(hold)
@@ -231,18 +242,26 @@ class Driver:
         for gi, group in enumerate(self.layout.groups):
             s.groups[gi].dense += coverage.dense_chunks(group, refs.store_tokens)
 
-    def _count_load(self, job: TransferJob, hit_tokens: int) -> dict[str, int]:
-        s, per_chunk = self.stats, self._group_bytes
+    def _count_load(self, keys: list[list[ChunkKey]], hit_tokens: int) -> dict[str, int]:
+        """Count a hit that loaded ``keys`` (per group): bytes per tier."""
+        s, per_chunk, promoted = self.stats, self._group_bytes, self.store.promoted
         s.hit_requests += 1
         s.hit_tokens += hit_tokens
         by_tier: dict[str, int] = {HOST: 0, DISK: 0}
         counts: dict[str, int] = {}
-        for c in job.copies:
-            tier = self.store.promoted.get(c.key, HOST)
-            counts[tier] = counts.get(tier, 0) + 1
-            by_tier[tier] = by_tier.get(tier, 0) + per_chunk[c.group]
-            s.groups[c.group].loaded += 1
+        for gi, group_keys in enumerate(keys):
+            s.groups[gi].loaded += len(group_keys)
+            if not promoted:  # every chunk from host memory
+                counts[HOST] = counts.get(HOST, 0) + len(group_keys)
+                by_tier[HOST] += per_chunk[gi] * len(group_keys)
+                continue
+            for key in group_keys:
+                tier = promoted.get(key, HOST)
+                counts[tier] = counts.get(tier, 0) + 1
+                by_tier[tier] = by_tier.get(tier, 0) + per_chunk[gi]
         for tier, n in counts.items():
+            if not n:
+                continue
             s.add_load(tier, n, by_tier[tier])
         return by_tier
 
@@ -268,18 +287,23 @@ class Driver:
         self._store(rid, refs.store_tokens)
 
     def _store(self, rid: str, horizon: int) -> None:
-        m = self.planner.metrics
+        m, groups = self.planner.metrics, self.stats.groups
         refusals, declined = m.store_refusals, m.chunks_not_admitted
-        job = self.planner.on_computed(rid, horizon, _table(self.layout, horizon))
+        if self.plane is None:  # nothing to move: the store completes within the call
+            stored = self.planner.store_at_once(rid, horizon)
+        else:
+            job = self.planner.on_computed(rid, horizon, _table(self.layout, horizon))
+            if job is not None:
+                self.plane.store(job)
+                self.planner.complete_store(job.id, True)
+            stored = [(c.group, c.chunk) for c in job.copies] if job is not None else []
         self.stats.store_refusals += m.store_refusals - refusals
         self.stats.chunks_not_admitted += m.chunks_not_admitted - declined
-        if job is None:
+        if len(groups) == 1:
+            groups[0].stored += len(stored)
             return
-        if self.plane is not None:
-            self.plane.store(job)
-        self.planner.complete_store(job.id, True)
-        for c in job.copies:
-            self.stats.groups[c.group].stored += 1
+        for gi, _ in stored:
+            groups[gi].stored += 1
 
 
 def chunk_bytes_by_tag(layout: Layout) -> dict[bytes, int]:

@@ -162,7 +162,8 @@ class PrefixProbe:
             return None
         n = bisect.bisect_right(refs.horizons, top)
         return RequestRefs(refs.num_prompt, top, refs.keys[:n], refs.groups[:n],
-                           refs.chunks[:n], refs.horizons[:n], refs.prompt)
+                           refs.chunks[:n], refs.horizons[:n], refs.prompt,
+                           refs.stored)
 
 
 class Fleet:

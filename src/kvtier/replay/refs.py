@@ -210,17 +210,21 @@ class RequestRefs:
     namespace: the planner takes it as the prompt (``Planner.add_request``), so that the
     stream is hashed once per request. Not to be changed once built (a plain class, not a
     frozen dataclass: one is built per request, and a dataclass's ``__init__`` is
-    interpreted even in the serving build).
+    interpreted even in the serving build). ``stored`` is the chain over the stored scope,
+    a fork of ``prompt`` extended: the planner takes it in place of the prompt's once the
+    request has been looked up (``Planner.append_tokens``), so the rest is not hashed
+    again either.
     """
 
-    __slots__ = ("chunks", "groups", "horizons", "keys", "num_prompt", "prompt", "store_tokens")
+    __slots__ = ("chunks", "groups", "horizons", "keys", "num_prompt", "prompt", "store_tokens",
+                 "stored")
 
     def __init__(self, num_prompt: int, store_tokens: int, keys: list[ChunkKey],
                  groups: tuple[int, ...], chunks: tuple[int, ...], horizons: tuple[int, ...],
-                 prompt: KeyChain) -> None:
+                 prompt: KeyChain, stored: KeyChain) -> None:
         self.num_prompt, self.store_tokens, self.keys = num_prompt, store_tokens, keys
         self.groups, self.chunks, self.horizons = groups, chunks, horizons
-        self.prompt = prompt
+        self.prompt, self.stored = prompt, stored
 
 
 def store_tokens_of(req: TraceRequest, block_tokens: int, scope: StoreScope) -> int:
@@ -273,7 +277,7 @@ class RefsPlanner:
                 [k for ks in per_group for k in ks] if plan.order is None else
                 [per_group[gi][j] for gi, j in plan.order])
         return RequestRefs(req.input_length, top, keys, plan.groups, plan.chunks,
-                           plan.horizons, prompt)
+                           plan.horizons, prompt, chain)
 
 
 def _plan(layout: Layout, top: int) -> _Plan:
