@@ -131,7 +131,8 @@ class KeyChain:
                        else None)
         self._origin: tuple[KeyChain, int] | None = None
         """The chain this one is a fork of and its tokens then (``continues``)."""
-        self.extend(tokens)
+        if tokens != ():  # a fork's blank, or a chain extended later: nothing to convert
+            self.extend(tokens)
 
     @property
     def num_tokens(self) -> int:

@@ -127,6 +127,9 @@ class Driver:
         self.belady = store.policy if isinstance(store.policy, ReplayBelady) else None
         self._chunk_bytes = chunk_bytes_by_tag(config.layout)
         self._group_bytes = [g.bytes_per_chunk or 0 for g in config.layout.groups]
+        # every group's chunks the same size (one group, the usual case): no key read
+        self._same_bytes = (self._group_bytes[0] if len(set(self._group_bytes)) == 1
+                            else None)
         store.subscribe_tier_batches(self._on_tier_batch)
         self._hits = HitPlans()  # block_hit's plans
         self._limits: dict[int, RequestLimits] = {}  # per block hit (frozen: shared)
@@ -228,8 +231,9 @@ class Driver:
         """Count every chunk a tier writes, with its group's bytes (write amplification)."""
         if kind is not EventKind.STORED:
             return
-        s, by_tag = self.stats, self._chunk_bytes
-        written = sum([by_tag.get(k[:TAG_SIZE], 0) for k in keys])
+        s, by_tag, same = self.stats, self._chunk_bytes, self._same_bytes
+        written = (len(keys) * same if same is not None else
+                   sum([by_tag.get(k[:TAG_SIZE], 0) for k in keys]))
         s.chunks_written_by_tier[tier] = s.chunks_written_by_tier.get(tier, 0) + len(keys)
         s.bytes_written_by_tier[tier] = s.bytes_written_by_tier.get(tier, 0) + written
 

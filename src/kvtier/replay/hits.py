@@ -74,20 +74,37 @@ class HitPlan:
         for need in per_bound:
             self.checks.append([(gi, r.start, r.stop, len(r)) for gi, r in enumerate(need)
                                 if len(r)])
+        self.from_zero = [all(start == 0 for checks in self.checks
+                              for g, start, _, _ in checks if g == gi)
+                          for gi in range(len(layout.groups))]
+        """Per group: every required range starts at chunk 0 (full attention): its chunks
+        present from 0 on (the lead) decide, no count per index needed."""
+        self.in_place = [mine == [(c, c) for c in range(len(mine))] for mine in self.slots]
+        """Per group: its chunk ``c`` is the request's ``c``-th reference (one group)."""
 
     def hit(self, where: list[str]) -> int:
         """The block hit, given ``where`` each chunk is (``""``: absent)."""
         if not self.bounds:
             return 0
-        sums: list[list[int]] = []  # per group: chunks present below each index
-        for mine, size in zip(self.slots, self.sizes, strict=True):
+        leads: list[int] = []  # per group: chunks present from chunk 0 on (from_zero)
+        sums: list[list[int]] = []  # per group otherwise: chunks present below each index
+        for gi, (mine, size) in enumerate(zip(self.slots, self.sizes, strict=True)):
+            if self.from_zero[gi] and self.in_place[gi]:  # the first absent, found in C
+                leads.append(where.index("", 0, size) if "" in where[:size] else size)
+                sums.append([])
+                continue
             flags = [0] * size
             for p, c in mine:
                 if where[p]:
                     flags[c] = 1
+            leads.append(flags.index(0) if 0 in flags else size)
             sums.append([0, *accumulate(flags)])
         for b, checks in zip(self.bounds, self.checks, strict=True):
             for gi, start, stop, length in checks:
+                if start == 0:
+                    if stop > leads[gi]:
+                        break
+                    continue
                 s = sums[gi]
                 if stop >= len(s) or s[stop] - s[start] != length:
                     break
