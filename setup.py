@@ -36,6 +36,7 @@ COMPILED = [
     "src/kvtier/replay/refs.py",
     "src/kvtier/replay/store.py",
     "src/kvtier/retention.py",
+    "src/kvtier/store/allocator.py",
     "src/kvtier/store/checks.py",
     "src/kvtier/store/manager.py",
     "src/kvtier/store/offers.py",
@@ -51,6 +52,7 @@ COMPILED = [
     "src/kvtier/store/policies/s3fifo.py",
     "src/kvtier/store/policies/slots.py",
     "src/kvtier/tiers/tiered.py",
+    "src/kvtier/tiers/writedown.py",
 ]
 """The modules on the request path: per-key and per-step work in the store and planner,
 and the replay's per-request loop (``kvtier replay`` runs them once per trace request)."""

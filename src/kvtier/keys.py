@@ -87,12 +87,30 @@ class _Start:
         # extend instead of one hashlib call per unit (keys identical either way)
         self.state = (_native.sha256_start(seed)
                       if _native is not None and namespace.hash_name == "sha256" else None)
+        self.per_chunk = tuple(g.tokens_per_chunk for g in layout.groups)  # (properties)
+        self.lookahead = tuple(g.lookahead for g in layout.groups)
 
 
 @functools.lru_cache(maxsize=1024)
-def _start(namespace: Namespace, layout: Layout) -> _Start:
-    """``_Start``, once per namespace and layout (every request of a tenant shares it)."""
+def _start_of(namespace: Namespace, layout: Layout) -> _Start:
     return _Start(namespace, layout)
+
+
+_STARTS: dict[tuple[int, int], tuple[Namespace, Layout, _Start]] = {}
+
+
+def _start(namespace: Namespace, layout: Layout) -> _Start:
+    """``_Start``, once per namespace and layout (every request of a tenant shares it):
+    found by the objects' identity first (a request's chains share them; hashing a layout
+    and a namespace is a Python call each), else by their value."""
+    known = _STARTS.get((id(namespace), id(layout)))
+    if known is not None and known[0] is namespace and known[1] is layout:
+        return known[2]
+    start = _start_of(namespace, layout)
+    if len(_STARTS) >= 1024:
+        _STARTS.clear()
+    _STARTS[(id(namespace), id(layout))] = (namespace, layout, start)  # kept: ids stay theirs
+    return start
 
 
 class KeyChain:
@@ -113,6 +131,7 @@ class KeyChain:
         self.namespace = namespace
         start = _start(namespace, layout)
         self._unit = start.unit
+        self._per_chunk, self._lookahead = start.per_chunk, start.lookahead
         self._new = start.new
         self._tags = start.tags
         # The tokens, little-endian uint32, as appended: only draft groups' keys read them
@@ -131,7 +150,7 @@ class KeyChain:
                        else None)
         self._origin: tuple[KeyChain, int] | None = None
         """The chain this one is a fork of and its tokens then (``continues``)."""
-        if tokens != ():  # a fork's blank, or a chain extended later: nothing to convert
+        if type(tokens) is not tuple or tokens:  # () (a fork's blank): nothing to convert
             self.extend(tokens)
 
     @property
@@ -248,7 +267,7 @@ class KeyChain:
 
     def keys(self, group_index: int, chunks: Iterable[int]) -> list[ChunkKey]:
         """Keys of several chunks; raises if any chunk's tokens are not all known yet."""
-        group = self.layout.groups[group_index]
+        per_chunk, lookahead = self._per_chunk[group_index], self._lookahead[group_index]
         if isinstance(chunks, range) and chunks.step == 1:  # the common case: no scan
             if not chunks:
                 return []
@@ -260,12 +279,12 @@ class KeyChain:
             low, high = min(chunks), max(chunks)
         if low < 0:
             raise ValueError(f"chunk index must be >= 0, got {low}")
-        if (high + 1) * group.tokens_per_chunk + group.lookahead > self.num_tokens:
+        if (high + 1) * per_chunk + lookahead > self.num_tokens:
             raise ValueError(f"chunk {high} of group {group_index} needs tokens not known yet")
-        if group.lookahead:
+        if lookahead:
             return [self.key(group_index, c) for c in chunks]  # type: ignore[misc]
         built = self._built[group_index]  # this group's keys from chunk 0, built once
-        tag, per = self._tags[group_index], group.tokens_per_chunk // self._unit
+        tag, per = self._tags[group_index], per_chunk // self._unit
         if len(built) + _NEAR < low:  # far past the built prefix (a long prompt's window)
             keys = _tagged(tag, self._spine[(low + 1) * per - 1 : (high + 1) * per : per])
             return keys if isinstance(chunks, range) else [keys[c - low] for c in chunks]

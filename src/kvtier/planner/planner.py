@@ -193,9 +193,11 @@ class Planner:
         return result
 
     def _count_lookup(self, req: RequestState, result: Lookup) -> None:
+        o = result.outcome  # by identity: an enum's value and hash are Python calls
+        name = "hit" if o is Outcome.HIT else "miss" if o is Outcome.MISS else o.value
         for m in (self.metrics, req.metrics):
-            m.lookups[result.outcome.value] += 1
-        if result.outcome is Outcome.WAIT:
+            m.lookups[name] += 1
+        if o is Outcome.WAIT:
             self._count(req, "waits")
 
     # ---- loads -------------------------------------------------------------------------

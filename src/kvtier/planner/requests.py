@@ -87,7 +87,8 @@ def prompt_chain(
     ns = Namespace(**{**vars(namespace), "tenant_salt": salt}) if salt else namespace
     if not isinstance(prompt, KeyChain):
         chain = KeyChain(layout, ns, prompt)
-    elif (prompt.layout is not layout and prompt.layout != layout) or prompt.namespace != ns:
+    elif ((prompt.layout is not layout and prompt.layout != layout)
+          or (prompt.namespace is not ns and prompt.namespace != ns)):
         raise ValueError(
             f"request {request_id!r}: its prompt KeyChain was built for another layout or "
             "namespace than this planner's; build it as KeyChain(planner.layout, "

@@ -133,14 +133,24 @@ class Driver:
         store.subscribe_tier_batches(self._on_tier_batch)
         self._hits = HitPlans()  # block_hit's plans
         self._limits: dict[int, RequestLimits] = {}  # per block hit (frozen: shared)
+        self._cold: dict[int, float] = {}  # modelled TTFT without the cache, per prompt length
+
+    def _cold_ttft(self, prompt: int) -> float:
+        """``timing.ttft_s(prompt, 0, {})``, computed once per prompt length."""
+        cold = self._cold.get(prompt)
+        if cold is None:
+            if len(self._cold) >= 1 << 16:
+                self._cold.clear()
+            cold = self._cold[prompt] = self.config.timing.ttft_s(prompt, 0, {})
+        return cold
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
         """The whole request: look up, load, store, finish (module docstring)."""
         where = self.begin(rid, req, refs)
         loaded, by_tier, hit = self.load(rid, self.lookup(rid))
-        timing = self.config.timing
-        self.stats.add_ttft(timing.ttft_s(req.input_length, 0, {}),
-                            timing.ttft_s(req.input_length, hit, by_tier))
+        cold = self._cold_ttft(req.input_length)
+        self.stats.add_ttft(cold, self.config.timing.ttft_s(req.input_length, hit, by_tier)
+                            if hit else cold)  # a miss loads nothing: its cold time
         # where the chunks are has not changed since ``begin`` unless a lower tier promoted
         # some (a lookup's) or a data plane dropped corrupt ones: no other request ran
         still = where if not self.store.lower and self.plane is None else None
