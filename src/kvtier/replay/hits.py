@@ -81,11 +81,31 @@ class HitPlan:
         present from 0 on (the lead) decide, no count per index needed."""
         self.in_place = [mine == [(c, c) for c in range(len(mine))] for mine in self.slots]
         """Per group: its chunk ``c`` is the request's ``c``-th reference (one group)."""
+        checked = sorted({g for checks in self.checks for g, _, _, _ in checks})
+        self.lone = checked[0] if len(checked) == 1 else -1
+        """The one group whose chunks decide the hit (one full-attention group), or -1."""
+        self.by_lead: list[int] | None = None
+        """For ``lone``: the hit for each count of its chunks present from 0 on (its lead),
+        0 .. its size; None unless its checks all start at 0 and its chunks are in place."""
+        if self.lone >= 0 and self.from_zero[self.lone] and self.in_place[self.lone]:
+            self.by_lead = [self._first_held(lead) for lead in range(self.sizes[self.lone] + 1)]
+
+    def _first_held(self, lead: int) -> int:
+        """The largest boundary whose checks (all ``lone``'s, from chunk 0) ``lead`` chunks
+        present from 0 on satisfy."""
+        for b, checks in zip(self.bounds, self.checks, strict=True):
+            if all(stop <= lead for _, _, stop, _ in checks):
+                return b
+        return 0
+
 
     def hit(self, where: list[str]) -> int:
         """The block hit, given ``where`` each chunk is (``""``: absent)."""
         if not self.bounds:
             return 0
+        if self.by_lead is not None:  # one group decides: its lead, found in C, says it all
+            size = self.sizes[self.lone]
+            return self.by_lead[where.index("", 0, size) if "" in where[:size] else size]
         leads: list[int] = []  # per group: chunks present from chunk 0 on (from_zero)
         sums: list[list[int]] = []  # per group otherwise: chunks present below each index
         for gi, (mine, size) in enumerate(zip(self.slots, self.sizes, strict=True)):

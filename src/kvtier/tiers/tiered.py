@@ -36,8 +36,7 @@ slot's bytes while they are still the victim's; the copies go down in one batch 
 Counters per tier: ``stats()`` (hits, promotions, bytes, errors, latency). ``flush()``
 waits for background work (promotions, write-backs); tests and shutdown use it.
 
->>> from kvtier.store.manager import ChunkStore
->>> from kvtier.tiers.host import HostSlab, host_store
+>>> from kvtier.store.manager import ChunkStore; from kvtier.tiers.host import HostSlab
 >>> store = TieredStore(ChunkStore(backend=HostSlab(4, 64, pin_memory=False)))
 >>> store.lookup([ChunkKey(bytes(40))])[0].value
 'absent'
@@ -123,11 +122,13 @@ class TieredStore:
         self.lock = host.lock
         """The host store's lock: hold it to make lookup and prepare_load atomic."""
         self.host_stats = TierStats("host")
-        """Host counters: chunks pinned for loads (``hits``), refused, failed stores; and,
-        while a latency watcher is attached (``kvtier.metrics``), each load's and store's
-        time from ``prepare_*`` to ``complete_*`` (the data plane's copy) as a read or a
-        write. ``stats()`` adds the chunks stored (promotions too) and evicted."""
+        """Host counters: refused chunks, failed stores; and, while a latency watcher is
+        attached (``kvtier.metrics``), each load's and store's time from ``prepare_*`` to
+        ``complete_*`` (the data plane's copy) as a read or a write. ``stats()`` adds the
+        chunks pinned for loads (``hits``), stored (promotions too) and evicted."""
         self._started: dict[int, float] = {}  # live handle id -> perf_counter at prepare
+        self._host_watchers = self.host_stats._watchers  # its ``watched``, without a call
+        self._host_hits = 0  # chunks pinned for loads (counted here: no call per load)
         self._host_events = EventCounts()
         host.subscribe_batches(self._host_events.batch)
         self._miss_ttl_s, self._clock = miss_ttl_s, clock
@@ -187,9 +188,8 @@ class TieredStore:
         return key in self._fetching or self._down.going_down(key)
 
     def _worth_fetching(self, key: ChunkKey, now: float) -> bool:
-        if self._absent_until.get(key, now) > now:
-            return False
-        return any(t.might_hold(key) for t in self.lower)
+        return (self._absent_until.get(key, now) <= now
+                and any(t.might_hold(key) for t in self.lower))
 
     def _fetch_from(self, level: int, fetch: _Fetch) -> None:
         """Ask ``lower[level]`` for what is still sought (on its workers), then the next
@@ -279,9 +279,9 @@ class TieredStore:
     def prepare_load(self, keys: Iterable[ChunkKey]) -> LoadHandle:
         """Pin host-resident ``keys`` (see ``ChunkStore.prepare_load``)."""
         handle = self.host.prepare_load(keys)
-        if self.host_stats.watched:
+        if self._host_watchers:
             self._started[handle.id] = time.perf_counter()
-        self.host_stats.add(hits=len(handle.keys))
+        self._host_hits += len(handle.keys)
         return handle
 
     def complete_load(self, handle: LoadHandle) -> None:
@@ -305,7 +305,7 @@ class TieredStore:
         if not isinstance(result, StoreHandle):
             refused = sum(s is ChunkState.ABSENT for s in self.host.lookup(set(ks)))
             self.host_stats.add(refused=refused)
-        elif self.host_stats.watched:
+        elif self._host_watchers:
             self._started[result.id] = time.perf_counter()
         return result
 
@@ -329,9 +329,8 @@ class TieredStore:
         """Drop ready, unpinned ``keys`` from host memory and from every lower tier."""
         gone = self.host.remove(keys)
         with self.lock:
-            for tier in self.lower:
-                if gone:
-                    self._background.track(tier.remove_async(gone))
+            for tier in self.lower if gone else ():
+                self._background.track(tier.remove_async(gone))
         return gone
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
@@ -372,6 +371,7 @@ class TieredStore:
         host = self.host_stats.snapshot()
         for name, count in self._host_events.fields().items():
             host[name] += count
+        host["hits"] += self._host_hits
         return {"host": host, **{t.name: t.stats.snapshot() for t in self.lower}}
 
     def flush(self, timeout_s: float | None = 30.0) -> bool:
