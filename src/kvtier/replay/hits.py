@@ -88,15 +88,21 @@ class HitPlan:
         """For ``lone``: the hit for each count of its chunks present from 0 on (its lead),
         0 .. its size; None unless its checks all start at 0 and its chunks are in place."""
         if self.lone >= 0 and self.from_zero[self.lone] and self.in_place[self.lone]:
-            self.by_lead = [self._first_held(lead) for lead in range(self.sizes[self.lone] + 1)]
+            self.by_lead = self._by_lead(self.sizes[self.lone])
 
-    def _first_held(self, lead: int) -> int:
-        """The largest boundary whose checks (all ``lone``'s, from chunk 0) ``lead`` chunks
-        present from 0 on satisfy."""
-        for b, checks in zip(self.bounds, self.checks, strict=True):
-            if all(stop <= lead for _, _, stop, _ in checks):
-                return b
-        return 0
+    def _by_lead(self, size: int) -> list[int]:
+        """For each lead ``0 .. size``, the largest boundary whose checks (all ``lone``'s,
+        from chunk 0) it satisfies: a boundary needing ``need`` chunks is the answer for
+        every lead from ``need`` up to where a larger boundary already answered."""
+        out, low = [0] * (size + 1), size + 1  # leads from ``low`` on are answered
+        for b, checks in zip(self.bounds, self.checks, strict=True):  # largest first
+            need = max([stop for _, _, stop, _ in checks], default=0)
+            if need < low:
+                out[need:low] = [b] * (low - need)
+                low = need
+            if not low:
+                break
+        return out
 
 
     def hit(self, where: list[str]) -> int:
