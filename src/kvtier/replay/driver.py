@@ -19,10 +19,9 @@ order, and the result equals a plain LRU simulation of the trace's blocks (teste
 from __future__ import annotations
 
 import gc
-import itertools
 import time
 from collections.abc import Callable, Sequence
-from itertools import count
+from itertools import chain, count
 from typing import Protocol
 
 from kvtier import coverage
@@ -196,18 +195,17 @@ class Driver:
             return set(), {}, 0
         if self.plane is None:  # nothing to move: the load completes within the call
             keys = self.planner.load_at_once(rid)
-            return (set(itertools.chain.from_iterable(keys)),
-                    self._count_load(keys, found.hit_tokens), found.hit_tokens)
-        job = self.planner.accept_hit(rid, _table(self.layout, found.hit_tokens))
-        corrupt = self.plane.load(job) if self.plane is not None else []
-        self.planner.complete_load(job.id, not corrupt, corrupt)
-        if corrupt:  # a kvtier bug: counted by the plane, the hit recomputed
-            return set(), {}, 0
-        by_group: list[list[ChunkKey]] = [[] for _ in self.layout.groups]
-        for c in job.copies:
-            by_group[c.group].append(c.key)
-        return {c.key for c in job.copies}, self._count_load(by_group, found.hit_tokens), \
-            found.hit_tokens
+        else:
+            job = self.planner.accept_hit(rid, _table(self.layout, found.hit_tokens))
+            corrupt = self.plane.load(job)
+            self.planner.complete_load(job.id, not corrupt, corrupt)
+            if corrupt:  # a kvtier bug: counted by the plane, the hit recomputed
+                return set(), {}, 0
+            keys = [[] for _ in self.layout.groups]
+            for c in job.copies:
+                keys[c.group].append(c.key)
+        by_tier = self._count_load(keys, found.hit_tokens)
+        return set(chain.from_iterable(keys)), by_tier, found.hit_tokens
 
     def store_all(
         self, rid: str, req: TraceRequest, refs: RequestRefs, loaded: set[object],

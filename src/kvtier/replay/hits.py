@@ -104,7 +104,6 @@ class HitPlan:
                 break
         return out
 
-
     def hit(self, where: list[str]) -> int:
         """The block hit, given ``where`` each chunk is (``""``: absent)."""
         if not self.bounds:
