@@ -14,7 +14,7 @@ from __future__ import annotations
 from kvtier.keys import ChunkKey
 from kvtier.planner.binding import _subsequence
 from kvtier.planner.planner import Planner
-from kvtier.planner.requests import RequestState
+from kvtier.planner.requests import check_horizon
 from kvtier.store.results import StoreRefusal
 
 
@@ -28,7 +28,7 @@ class AtOncePlanner(Planner):
         one; refused ones are retried on the next call, as ``on_computed``'s)."""
         with self._lock:
             req = self._request(request_id)
-            _check_horizon(req, horizon)
+            check_horizon("store_at_once", req, horizon)
             self._plan_new_chunks(req, horizon)
             pending, req.pending = req.pending, []
             if not pending:
@@ -72,16 +72,6 @@ class AtOncePlanner(Planner):
                         sum([per[gi] * len(ks) for gi, ks in enumerate(hit.keys)]))
             self._maybe_forget(req)
             return hit.keys
-
-
-def _check_horizon(req: RequestState, horizon: object) -> None:
-    """``check_computed``'s checks of the horizon (there is no block table to check)."""
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
-        raise ValueError(f"store_at_once({req.request_id!r}): horizon must be a token "
-                         f"count >= 0, got {horizon!r:.40}")
-    if horizon > req.chain.num_tokens:
-        raise ValueError(f"horizon {horizon} is past the {req.chain.num_tokens} tokens known "
-                         f"for {req.request_id!r}; append_tokens first")
 
 
 def _stored(pending: list[tuple[int, int]], keys: list[ChunkKey],

@@ -177,6 +177,18 @@ def block_ids_at(
     return tuple(ids)
 
 
+def check_horizon(call: str, req: RequestState, horizon: object) -> int:
+    """``horizon`` if it is a count of tokens within the ones known for ``req``;
+    ``ValueError`` naming ``call`` otherwise."""
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
+        raise ValueError(f"{call}({req.request_id!r}): horizon must be a token count >= 0, "
+                         f"got {horizon!r:.40}")
+    if horizon > req.chain.num_tokens:
+        raise ValueError(f"horizon {horizon} is past the {req.chain.num_tokens} tokens known "
+                         f"for {req.request_id!r}; append_tokens first")
+    return horizon
+
+
 def check_computed(
     groups: Sequence[Group], req: RequestState, horizon: object,
     table: Sequence[Sequence[object]],
@@ -186,18 +198,13 @@ def check_computed(
     group, or a row too short to hold the ``horizon`` tokens computed (freed blocks stay in
     it as None)."""
     request_id = req.request_id
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0:
-        raise ValueError(f"on_computed({request_id!r}): horizon must be a token count >= 0, "
-                         f"got {horizon!r:.40}")
-    if horizon > req.chain.num_tokens:
-        raise ValueError(f"horizon {horizon} is past the {req.chain.num_tokens} tokens known "
-                         f"for {request_id!r}; append_tokens first")
+    tokens = check_horizon("on_computed", req, horizon)
     if isinstance(table, (str, bytes)) or len(table) != len(groups):
         raise ValueError(f"on_computed({request_id!r}): the block table needs one row per "
                          f"group ({len(groups)}), got {len(table)}")
     for gi, g in enumerate(groups):
-        need = -(-horizon // g.tokens_per_block)
+        need = -(-tokens // g.tokens_per_block)
         if len(table[gi]) < need:
             raise ValueError(
                 f"on_computed({request_id!r}): group {gi}'s row has {len(table[gi])} blocks, "
-                f"{horizon} tokens fill {need}; keep freed blocks in it as None")
+                f"{tokens} tokens fill {need}; keep freed blocks in it as None")
