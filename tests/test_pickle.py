@@ -13,7 +13,7 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 
-from kvtier.integrations.vllm.scheduler import StepPlan
+from kvtier.integrations.vllm.scheduler import NOTHING, StepPlan
 from kvtier.integrations.vllm.tiers import Demotion, Promotion
 from kvtier.keys import ChunkKey
 from kvtier.planner.types import PlannedCopy, TransferJob
@@ -51,3 +51,12 @@ def test_a_plan_read_back_is_still_frozen() -> None:
     assert back != StepPlan(loads=back.loads)
     with pytest.raises((FrozenInstanceError, AttributeError)):
         back.loads[0].copies[0].slot = 9
+
+
+def test_the_quiet_plan_arrives_as_itself() -> None:
+    """A worker in another process tells a quiet step by identity (``plan is NOTHING``):
+    the shared plan must not arrive as an equal copy; an equal plan built elsewhere does."""
+    for protocol in (pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL):
+        assert pickle.loads(pickle.dumps(NOTHING, protocol=protocol)) is NOTHING
+        equal = pickle.loads(pickle.dumps(StepPlan(), protocol=protocol))
+        assert equal == NOTHING and equal is not NOTHING

@@ -154,6 +154,8 @@ class LatencySamples:
                 self._samples.append((tier, op, seconds))
 
     def drain(self) -> dict[str, dict[str, list[float]]]:
+        if not self._samples:  # most steps: no lock taken (a sample landing now waits a step)
+            return {}
         with self._lock:
             samples, self._samples = self._samples, []
         out: dict[str, dict[str, list[float]]] = {}

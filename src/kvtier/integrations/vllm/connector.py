@@ -152,7 +152,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                                       num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        sched = self._sched()
+        sched = self.scheduler  # (not ``_sched()``: a call less, every step)
+        assert sched is not None, "scheduler-side method called on a worker"
         # most decoding steps plan nothing: said without building the step's requests
         horizons = continuing_horizons(scheduler_output, self._requests)
         if horizons is not None and sched.quiet(horizons) is not None:
@@ -164,8 +165,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return KvtierConnectorMetadata(sched.step(steps, copies))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        if self._tally is not None:
-            self._tally.report(connector_output.kv_cache_events)
+        events = connector_output.kv_cache_events  # None unless a worker has lower tiers
+        if events is not None and self._tally is not None:
+            self._tally.report(events)
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, KvtierWorkerMetadata) and meta.completed:
             self._sched().on_reports(meta.completed)
@@ -237,14 +239,24 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                   for g in groups]
         self._worker().register(layers, self._kv_cache_config.num_blocks)
 
+    # A quiet step's plan (``NOTHING``: most of decoding) asks nothing of the worker; the
+    # hooks below only note it, without a call more: they run every step, when the step's
+    # forward has pushed the connector's objects out of the CPU's caches.
+
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(kv_connector_metadata, KvtierConnectorMetadata)
-        self._before_forward(kv_connector_metadata.plan)
+        if kv_connector_metadata.plan is NOTHING:
+            self._prepared = NOTHING
+        else:
+            self._before_forward(kv_connector_metadata.plan)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         plan = self._plan()
-        self._before_forward(plan)
-        self._start_sync_loads(plan)
+        if plan is NOTHING:
+            self._prepared = NOTHING
+        else:
+            self._before_forward(plan)
+            self._start_sync_loads(plan)
 
     def _start_sync_loads(self, plan: StepPlan, late: bool = False) -> None:
         if self._started is not plan:  # once a step: vLLM may reach this twice
@@ -266,6 +278,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         plan = self._plan()
+        if plan is NOTHING:
+            self._prepared = NOTHING
+            return
         self._before_forward(plan)  # demotions and loads first, if vLLM skipped both hooks
         self._start_sync_loads(plan, late=True)  # (too late to use: reported failed)
         self._worker().after_forward(plan)

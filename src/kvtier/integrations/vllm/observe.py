@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_events import (
@@ -125,7 +126,8 @@ class ConnectorStats:
         host, events = TierStats("host").snapshot(), EventCounts()
         scheduler.store.subscribe(events)
         return cls(lambda: {"host": {**host, **events.fields()}},
-                   lambda: scheduler.planner.metrics, version=lambda: scheduler.changes)
+                   lambda: scheduler.planner.metrics,
+                   version=partial(getattr, scheduler, "changes"))  # asked every step: no frame
 
     @classmethod
     def of_worker(cls, tiers: RankTiers | None) -> ConnectorStats | None:

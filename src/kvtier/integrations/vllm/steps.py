@@ -55,9 +55,13 @@ class StepPlan:
     sync: tuple[int, ...] = ()
     after_sync: tuple[tuple[int, int], ...] = ()
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> str | tuple[Any, ...]:
         """Pickled through the constructor: vLLM sends it between processes, and the
-        compiled build's frozen classes refuse the default pickle's attribute writes."""
+        compiled build's frozen classes refuse the default pickle's attribute writes. The
+        quiet plan goes by name, so that a worker in another process gets ``NOTHING``
+        itself (its hooks tell it by identity)."""
+        if self is NOTHING:
+            return "NOTHING"
         return (StepPlan, (self.loads, self.stores, self.flush, self.promotes, self.demotions,
                            self.idle, self.sync, self.after_sync))
 
