@@ -45,7 +45,11 @@ class ChunkRanges:
     million tokens is one range.
     """
 
-    ranges: tuple[tuple[int, int], ...] = ()
+    ranges: tuple[tuple[int, int], ...]
+
+    def __init__(self, ranges: tuple[tuple[int, int], ...] = ()) -> None:
+        # written out: the generated __init__ runs interpreted even in the serving build
+        object.__setattr__(self, "ranges", ranges)
 
     @staticmethod
     def of(ranges: Iterable[tuple[int, int]]) -> ChunkRanges:

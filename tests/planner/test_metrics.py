@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvtier.planner import Metrics
 
 
@@ -24,3 +26,13 @@ def test_as_dict_is_a_copy_with_every_counter() -> None:
     assert set(out) >= {"lookups", "hit_tokens", "bytes_stored", "load_failures"}
     out["hit_tokens_by_tier"]["host"] = 1  # type: ignore[index]
     assert m.hit_tokens_by_tier == {}
+
+
+def test_fresh_counters_are_not_shared_and_unknown_names_are_refused() -> None:
+    a, b = Metrics(), Metrics()
+    a.lookups["hit"] += 1
+    a.hit_tokens_by_tier["host"] = 1
+    assert b.lookups["hit"] == 0 and b.hit_tokens_by_tier == {}  # each its own dicts
+    assert Metrics(waits=2) == Metrics(waits=2) != Metrics(waits=3)
+    with pytest.raises(TypeError, match=r"no counter 'hits'.*hit_tokens"):
+        Metrics(hits=1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 from kvtier import coverage
@@ -23,7 +23,15 @@ class PendingHit:
     keys: list[list[ChunkKey]]
     """Per group, the key of each chunk to load, in ``load_set`` order."""
     handle: LoadHandle
-    job_id: int | None = None
+    job_id: int | None
+
+    def __init__(self, lookup: Lookup, on_device: int, keys: list[list[ChunkKey]],
+                 handle: LoadHandle, job_id: int | None = None) -> None:
+        # written out (the class's __init__ is kept by @dataclass): the generated one would
+        # run interpreted even in the serving build, and one is made per hit (and below,
+        # per request; so are ``Lookup`` and ``Metrics``)
+        self.lookup, self.on_device, self.keys, self.handle = lookup, on_device, keys, handle
+        self.job_id = job_id
 
 
 @dataclass
@@ -32,24 +40,37 @@ class RequestState:
     chain: KeyChain
     num_prompt: int
     limits: RequestLimits
-    stored_horizon: int = 0
+    stored_horizon: int
     """Store planning has covered every chunk up to this (capped) horizon."""
-    served: list[int] = field(default_factory=list)
+    served: list[int]
     """Boundaries served so far (``kvtier.boundaries``), ascending; unused when dense."""
-    shared_point: int = 0
+    shared_point: int
     """Where the lookup saw the request share a prefix (``boundaries.shared_point``)."""
-    pending: list[tuple[int, int]] = field(default_factory=list)
+    pending: list[tuple[int, int]]
     """(group, chunk) planned but not yet handed to a store job (refused: retried)."""
-    hit: PendingHit | None = None
-    hits: list[int] = field(default_factory=list)
+    hit: PendingHit | None
+    hits: list[int]
     """``coverage.consumer_hits`` at ``hits_for`` tokens known (``consumer_hits``)."""
-    hits_for: int = -1
-    load_jobs: set[int] = field(default_factory=set)
-    store_jobs: set[int] = field(default_factory=set)
-    wait_deadline: float | None = None
-    expired: bool = False
-    closed: bool = False
-    metrics: Metrics = field(default_factory=Metrics)
+    hits_for: int
+    load_jobs: set[int]
+    store_jobs: set[int]
+    wait_deadline: float | None
+    expired: bool
+    closed: bool
+    metrics: Metrics
+
+    def __init__(self, request_id: str, chain: KeyChain, num_prompt: int,
+                 limits: RequestLimits) -> None:
+        self.request_id, self.chain, self.num_prompt, self.limits = (
+            request_id, chain, num_prompt, limits)
+        self.stored_horizon = self.shared_point = 0
+        self.served, self.pending, self.hits = [], [], []
+        self.hit = None
+        self.hits_for = -1
+        self.load_jobs, self.store_jobs = set(), set()
+        self.wait_deadline = None
+        self.expired = self.closed = False
+        self.metrics = Metrics()
 
     def store_cap(self, horizon: int) -> int:
         """The horizon store planning may use, after the request's limits."""

@@ -7,7 +7,7 @@ the engine's data plane turns a slot number into bytes (``store.backend.view(slo
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal, NamedTuple
 
 from kvtier.boundaries import BoundaryMode, check_mode
@@ -36,8 +36,15 @@ class Lookup:
 
     outcome: Outcome
     hit_tokens: int
-    chunks: tuple[ChunkRanges, ...] = ()
-    wait_until: float | None = None
+    chunks: tuple[ChunkRanges, ...]
+    wait_until: float | None
+
+    def __init__(self, outcome: Outcome, hit_tokens: int, chunks: tuple[ChunkRanges, ...] = (),
+                 wait_until: float | None = None) -> None:  # see ``requests.PendingHit``
+        object.__setattr__(self, "outcome", outcome)
+        object.__setattr__(self, "hit_tokens", hit_tokens)
+        object.__setattr__(self, "chunks", chunks)
+        object.__setattr__(self, "wait_until", wait_until)
 
     @property
     def num_chunks(self) -> int:
@@ -129,24 +136,39 @@ _NO_LOOKUPS = {o.value: 0 for o in Outcome}
 class Metrics:
     """Counters for one request or for the whole planner."""
 
-    lookups: dict[str, int] = field(default_factory=lambda: dict(_NO_LOOKUPS))
-    hit_tokens: int = 0
-    hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
-    chunks_loaded: int = 0
-    bytes_loaded: int = 0
-    chunks_offered: int = 0
+    lookups: dict[str, int]
+    hit_tokens: int
+    hit_tokens_by_tier: dict[str, int]
+    chunks_loaded: int
+    bytes_loaded: int
+    chunks_offered: int
     """Chunks store planning chose (before the store skips those it already holds)."""
-    chunks_offered_by_group: dict[int, int] = field(default_factory=dict)
-    chunks_stored: int = 0
-    chunks_not_admitted: int = 0
+    chunks_offered_by_group: dict[int, int]
+    chunks_stored: int
+    chunks_not_admitted: int
     """Offered chunks the store's admission declined (``kvtier.store.admission``)."""
-    bytes_stored: int = 0
-    waits: int = 0
-    deadline_expiries: int = 0
-    store_refusals: int = 0
-    load_failures: int = 0
-    store_failures: int = 0
-    corrupt_chunks_dropped: int = 0
+    bytes_stored: int
+    waits: int
+    deadline_expiries: int
+    store_refusals: int
+    load_failures: int
+    store_failures: int
+    corrupt_chunks_dropped: int
+
+    def __init__(self, **counts: Any) -> None:
+        """Every counter 0 (a dict empty, ``lookups`` 0 per outcome), then ``counts`` (by
+        field name). Written out: see ``requests.PendingHit``."""
+        self.lookups = dict(_NO_LOOKUPS)
+        self.hit_tokens_by_tier, self.chunks_offered_by_group = {}, {}
+        self.hit_tokens = self.chunks_loaded = self.bytes_loaded = self.chunks_offered = 0
+        self.chunks_stored = self.chunks_not_admitted = self.bytes_stored = self.waits = 0
+        self.deadline_expiries = self.store_refusals = self.load_failures = 0
+        self.store_failures = self.corrupt_chunks_dropped = 0
+        for name, value in counts.items():
+            if name not in _METRIC_NAMES:
+                raise TypeError(f"Metrics has no counter {name!r}; its counters: "
+                                f"{', '.join(_METRIC_NAMES)}")
+            setattr(self, name, value)
 
     def add(self, other: Metrics) -> None:
         """Fold ``other`` into this one (request totals into planner totals)."""
