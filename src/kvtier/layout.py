@@ -108,9 +108,10 @@ class Group:
             raise ValueError(f"{where}: draft_tail 'recomputed' is only for draft groups "
                              "(lookahead > 0)")
 
-    @property
+    @functools.cached_property
     def tokens_per_chunk(self) -> int:
-        """Tokens in one stored chunk: ``tokens_per_block * blocks_per_chunk``."""
+        """Tokens in one stored chunk: ``tokens_per_block * blocks_per_chunk`` (kept once
+        read: the planner reads it per request, and a property is a Python call each)."""
         return self.tokens_per_block * self.blocks_per_chunk
 
     @property

@@ -89,16 +89,20 @@ class ReplayChain(KeyChain):
     of a block past its head.
     """
 
-    def __init__(self, layout: Layout, namespace: Namespace, block_tokens: int) -> None:
+    def __init__(self, layout: Layout, namespace: Namespace, block_tokens: int,
+                 origin: bytes | None = None) -> None:
+        """``origin``: ``namespace.seed()``, where the caller has it (a namespace's hash
+        is a Python call: ``RefsPlanner`` asks once, not per request)."""
         self.block_tokens = block_tokens
-        self._prefix = _origin(namespace)  # P of the block the stream ends in
+        # P of the block the stream ends in
+        self._prefix = _origin(namespace) if origin is None else origin
         self._head = b""  # that block's head, as far as it is known (at most 8 bytes)
         self._pending = (b"", b"")  # extend's heads, for _advance_spine
         super().__init__(layout, namespace)
 
     def _blank(self) -> KeyChain:
-        twin = ReplayChain(self.layout, self.namespace, self.block_tokens)
-        twin._prefix, twin._head = self._prefix, self._head
+        twin = ReplayChain(self.layout, self.namespace, self.block_tokens, self._prefix)
+        twin._head = self._head
         return twin
 
     def extend_blocks(self, hash_ids: Sequence[int], stop: int) -> None:
@@ -191,11 +195,14 @@ def _origin(namespace: Namespace) -> bytes:
     return namespace.seed()
 
 
+@functools.lru_cache(maxsize=64)
 def replay_namespace(layout: Layout) -> Namespace:
     """The namespace the replay's planner and its references share. Its group tags hash
     each group's own geometry only (``layout_fields="group"``), as before keys covered the
     whole layout: a replay shares no tier with anyone, and its figures (which follow the
-    key bytes through hashing policies) stay comparable with earlier runs."""
+    key bytes through hashing policies) stay comparable with earlier runs. One object per
+    layout: the planner tells a reference's chain is its own by identity (comparing two
+    namespaces is a Python call, once per request)."""
     return Namespace(layout.model, kv_dtype=layout.kv_dtype, layout_fields="group")
 
 
@@ -260,6 +267,7 @@ class RefsPlanner:
         self.layout, self.namespace = layout, namespace
         self.block_tokens, self.scope = block_tokens, scope
         self._plans: dict[int, _Plan] = {}
+        self._origin = _origin(namespace)
 
     def refs(self, req: TraceRequest) -> RequestRefs:
         """Hash one request's stream and list the chunks of its store sets, in store order."""
@@ -267,7 +275,7 @@ class RefsPlanner:
         plan = self._plans.get(top)
         if plan is None:
             plan = self._plans[top] = _plan(self.layout, top)
-        prompt = ReplayChain(self.layout, self.namespace, self.block_tokens)
+        prompt = ReplayChain(self.layout, self.namespace, self.block_tokens, self._origin)
         prompt.extend_blocks(req.hash_ids, min(req.input_length, top))
         chain = prompt.fork()  # the stored scope: the prompt hashed once for both
         assert isinstance(chain, ReplayChain)  # _blank's kind
