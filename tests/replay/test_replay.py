@@ -143,3 +143,23 @@ def test_timing_model() -> None:
         TimingModel(prefill_tokens_per_s=0)
     with pytest.raises(ValueError, match="among"):
         TimingModel.parse("speed=3")
+
+
+def test_timing_model_times_each_tier_at_its_own_rate() -> None:
+    """A load is timed per tier: host, disk and a fleet's shared tier at their bandwidths,
+    any other tier (Redis with ``--bytes``) at the disk's; a fixed latency per tier read,
+    the shared tier's its own; a tier that gave no bytes costs nothing."""
+    m = TimingModel(prefill_tokens_per_s=1000, host_gb_per_s=2, disk_gb_per_s=0.5,
+                    shared_gb_per_s=1, load_latency_ms=3, shared_latency_ms=7,
+                    first_token_ms=10)
+    gb = 10**9
+    assert m.load_s({"host": gb}) == pytest.approx(0.5 + 0.003)
+    assert m.load_s({"disk": gb, "host": 0}) == pytest.approx(2 + 0.003)
+    assert m.load_s({"redis": gb}) == pytest.approx(2 + 0.003)
+    assert m.load_s({"shared": gb}) == pytest.approx(1 + 0.007)
+    assert m.load_s({"host": gb, "shared": gb}) == pytest.approx(0.503 + 1.007)
+    assert m.ttft_s(3000, 1000, {"host": gb}) == pytest.approx(0.503 + 2 + 0.01)
+    arithmetic = m.arithmetic()  # what a replay asks per request: the same numbers
+    for by_tier in ({}, {"host": gb}, {"disk": 123, "shared": 456789, "redis": 5}):
+        assert arithmetic.ttft_s(3000, 700, by_tier) == m.ttft_s(3000, 700, by_tier)
+    assert m.ttft_s(3000, 700, {"disk": gb}) != m.ttft_s(3000, 700, {"host": gb})

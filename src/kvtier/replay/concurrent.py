@@ -51,6 +51,7 @@ class Sim:
         self.workload, self.drivers, self.clock, self.route = workload, drivers, clock, route
         self.timing = workload.config.timing
         self.slots = self.timing.prefill_slots
+        self.ttft = self.timing.arithmetic()  # asked per request: built once
         # (time, 0 for an arrival else 1, order, kind, request index): arrivals are read
         # one ahead, yet ordered as if all had been queued first (by index), as they were
         self.events: list[tuple[float, int, int, str, int]] = []
@@ -104,9 +105,9 @@ class Sim:
             self.loaded[i] = loaded, hit
             self.outstanding[e] -= hit
             queued = self.clock.now - req.timestamp_ms / 1000.0
-            busy_s = self.timing.load_s(by_tier) + self.timing.prefill_s(req.input_length - hit)
+            busy_s = self.ttft.load_s(by_tier) + self.ttft.prefill_s(req.input_length - hit)
             first = self.timing.first_token_ms / 1000.0
-            driver.stats.add_ttft(queued + self.timing.prefill_s(req.input_length) + first,
+            driver.stats.add_ttft(queued + self.ttft.prefill_s(req.input_length) + first,
                                   queued + busy_s + first)
             self.busy[e] += 1
             self.push(self.clock.now + busy_s, "prefilled", i)

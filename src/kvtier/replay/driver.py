@@ -133,6 +133,7 @@ class Driver:
         self._hits = HitPlans()  # block_hit's plans
         self._limits: dict[int, RequestLimits] = {}  # per block hit (frozen: shared)
         self._cold: dict[int, float] = {}  # modelled TTFT without the cache, per prompt length
+        self._ttft = config.timing.arithmetic()
 
     def _cold_ttft(self, prompt: int) -> float:
         """``timing.ttft_s(prompt, 0, {})``, computed once per prompt length."""
@@ -140,7 +141,7 @@ class Driver:
         if cold is None:
             if len(self._cold) >= 1 << 16:
                 self._cold.clear()
-            cold = self._cold[prompt] = self.config.timing.ttft_s(prompt, 0, {})
+            cold = self._cold[prompt] = self._ttft.ttft_s(prompt, 0, {})
         return cold
 
     def run(self, rid: str, req: TraceRequest, refs: RequestRefs) -> None:
@@ -148,7 +149,7 @@ class Driver:
         where = self.begin(rid, req, refs)
         loaded, by_tier, hit = self.load(rid, self.lookup(rid))
         cold = self._cold_ttft(req.input_length)
-        self.stats.add_ttft(cold, self.config.timing.ttft_s(req.input_length, hit, by_tier)
+        self.stats.add_ttft(cold, self._ttft.ttft_s(req.input_length, hit, by_tier)
                             if hit else cold)  # a miss loads nothing: its cold time
         # where the chunks are has not changed since ``begin`` unless a lower tier promoted
         # some (a lookup's) or a data plane dropped corrupt ones: no other request ran

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvtier.replay.options import Options
+from kvtier.replay.ttft import TtftArithmetic
 
 MAX_VALUE = 1e12
 """The largest value of any timing parameter."""
@@ -74,27 +75,28 @@ class TimingModel(Options):
         ok = isinstance(value, (int, float)) and low <= value <= MAX_VALUE
         return ok, f"{want}, a number in [{low:g}, {MAX_VALUE:g}]"
 
+    def arithmetic(self) -> TtftArithmetic:
+        """The model's arithmetic with these parameters (``kvtier.replay.ttft``): what a
+        replay asks per request, and what the methods below ask."""
+        load = self.load_latency_ms
+        return TtftArithmetic(
+            self.prefill_tokens_per_s, self.first_token_ms,
+            {"host": (self.host_gb_per_s, load), "disk": (self.disk_gb_per_s, load),
+             "shared": (self.shared_gb_per_s, self.shared_latency_ms)},
+            (self.disk_gb_per_s, load))
+
     def prefill_s(self, tokens: int) -> float:
-        return tokens / self.prefill_tokens_per_s
+        return self.arithmetic().prefill_s(tokens)
 
     def load_s(self, bytes_by_tier: Mapping[str, int]) -> float:
         """Seconds to read a hit's chunks: bandwidth plus a fixed latency per tier used (a
         tier below the disk other than a fleet's ``shared`` one, Redis with ``--bytes``, is
         timed at disk bandwidth)."""
-        rate = {"host": self.host_gb_per_s, "disk": self.disk_gb_per_s,
-                "shared": self.shared_gb_per_s}
-        total = 0.0
-        for tier, nbytes in bytes_by_tier.items():
-            if nbytes:
-                gb_per_s = rate.get(tier, self.disk_gb_per_s)
-                latency_ms = self.shared_latency_ms if tier == "shared" else self.load_latency_ms
-                total += nbytes / (gb_per_s * 1e9) + latency_ms / 1000
-        return total
+        return self.arithmetic().load_s(bytes_by_tier)
 
     def ttft_s(self, prompt: int, hit: int, bytes_by_tier: Mapping[str, int]) -> float:
         """Time to first token of a ``prompt``-token request with a ``hit``-token hit."""
-        return self.load_s(bytes_by_tier) + self.prefill_s(prompt - hit) + (
-            self.first_token_ms / 1000)
+        return self.arithmetic().ttft_s(prompt, hit, bytes_by_tier)
 
     def decode_s(self, output_tokens: int) -> float:
         """Seconds of decoding after the first token."""
