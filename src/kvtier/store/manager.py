@@ -196,7 +196,7 @@ class ChunkStore:
             if self._num_writing and held and min(held) < 0:  # a key is being written
                 self._refuse_load(ks)
             hid = next(self._ids)
-            handle = self._loads[hid] = LoadHandle(hid, tuple(ks), held)
+            handle = self._loads[hid] = tuple.__new__(LoadHandle, (hid, tuple(ks), held))
             self._pin_counts.pin(handle.keys, self._loads)
             return handle
 
@@ -266,9 +266,11 @@ class ChunkStore:
             hid = next(self._ids)
             parents = (parents_of(given, hint, new, len(ks) == len(given)) if hint and new
                        else ())
-            handle = StoreHandle(
+            # (a named tuple's own constructor is an interpreted function: tuple.__new__
+            # builds the same handle at C speed, once a store and once a load)
+            handle = tuple.__new__(StoreHandle, (
                 hid, tuple(new), self._reserve(new), skipped, parents, tuple(declined),
-            )
+            ))
             self._stores[hid] = handle
             return handle
 
