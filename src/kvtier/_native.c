@@ -334,17 +334,25 @@ static PyMethodDef methods[] = {
      "recv_values(fd, timeout_s, pending, views, head, sends) -> (heads, bodies, leftover): "
      "the replies of pipelined GETs read into views with the GIL released, sends[i] written "
      "once reply i is taken (_native_resp.c)."},
+    {"offer_fingerprints", native_offer_fingerprints, METH_O,
+     "offer_fingerprints(keys) -> bytes: kvtier.store.offers.fingerprint of each key, "
+     "8 bytes each (_native_offers.c)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kvtier._native",
-    "Batched byte copies, SHA-256 prefix digests and Redis values read into place (compiled build only).", -1, methods,
+    "Batched byte copies, SHA-256 prefix digests, Redis values read into place and admission's offer counts (compiled build only).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&OfferCountsType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddObjectRef(m, "OfferCounts", (PyObject *)&OfferCountsType) < 0)
+        Py_CLEAR(m);
+    return m;
 }

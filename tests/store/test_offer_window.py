@@ -1,17 +1,35 @@
 """The offer window's fast paths (a batch split at once, a batch recorded as one slice,
-fingerprints in one numpy pass) against a reference that keeps every offer in a deque and
+fingerprints in one numpy pass) and its C counts (the serving build's
+``kvtier._native.OfferCounts``) against a reference that keeps every offer in a deque and
 counts, offer by offer; with a negative control showing the comparison can fail."""
 
 from __future__ import annotations
 
 import random
+import struct
 from collections import deque
+from collections.abc import Iterator
 
 import pytest
 
 from kvtier.keys import ChunkKey
+from kvtier.store import offers
 from kvtier.store.admission import OfferWindow, fingerprint, fingerprints
 from kvtier.store.offers import VECTOR_FROM
+
+NATIVE = offers._native
+
+
+@pytest.fixture(params=["python", "native"], autouse=True)
+def counts_in(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+              ) -> Iterator[str]:
+    """Every test here runs on the pure build's counts and, where the C module is built,
+    on its C counts (a window decides which when it is made)."""
+    if request.param == "python":
+        monkeypatch.setattr(offers, "_native", None)
+    elif NATIVE is None:
+        pytest.skip("no kvtier._native in this build (KVTIER_COMPILE=1 builds it)")
+    yield request.param
 
 
 def pool_key(i: int) -> ChunkKey:
@@ -93,3 +111,46 @@ def test_fingerprints_in_one_pass_equal_each_key_alone() -> None:
     big = [ChunkKey(tag + bytes([i]) * 32) for i in range(VECTOR_FROM)]
     assert fingerprints(big) == [fingerprint(k) for k in big]
     assert fingerprints(big) != [fingerprint(k) for k in reversed(big)]  # control
+
+
+def test_the_c_counts_equal_the_pure_ones_through_growth_and_wrap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many distinct keys (the C table grows, and entries empty out of long probe runs)
+    and windows from 1 to 3,000, batch after batch: the same answers as the pure build's
+    counts, and the same offers remembered."""
+    if NATIVE is None:
+        pytest.skip("no kvtier._native in this build")
+    pool = [pool_key(i) for i in range(4000)]
+    for seed, (after, size) in enumerate([(2, 1), (2, 3), (3, 257), (2, 1024), (4, 3000)]):
+        rng = random.Random(seed)
+        monkeypatch.setattr(offers, "_native", NATIVE)
+        c_window = OfferWindow(after, size)
+        monkeypatch.setattr(offers, "_native", None)
+        py_window = OfferWindow(after, size)
+        assert c_window._c is not None and py_window._c is None
+        for _ in range(400):
+            some = pool[: rng.choice([50, 600, 4000])]
+            batch = rng.sample(some, min(len(some), rng.choice([1, 7, 40, 200])))
+            assert c_window.split(batch) == py_window.split(batch)
+            c_window.record(batch)
+            py_window.record(batch)
+        c_window.check_invariants()
+        assert (len(c_window), c_window.num_distinct()) == (len(py_window),
+                                                            py_window.num_distinct())
+
+
+def test_c_fingerprints_are_the_pure_builds_and_bad_input_is_refused() -> None:
+    if NATIVE is None:
+        pytest.skip("no kvtier._native in this build")
+    ks = [pool_key(i) for i in range(100)]
+    packed = NATIVE.offer_fingerprints(ks)
+    assert list(struct.unpack(f"<{len(ks)}Q", packed)) == fingerprints(ks)
+    assert NATIVE.offer_fingerprints(ks[1:]) != packed[:-8]  # control: order matters
+    with pytest.raises(ValueError, match="at least 16"):
+        NATIVE.offer_fingerprints([bytes(15)])
+    with pytest.raises(TypeError, match="a list of keys"):
+        NATIVE.offer_fingerprints(tuple(ks))
+    with pytest.raises(ValueError, match="at least 1"):
+        NATIVE.OfferCounts(0)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        NATIVE.OfferCounts(4).record(bytes(12))

@@ -14,8 +14,9 @@ admitted when it was first stored (``ChunkStore.prepare_store(..., promote=True)
 Memory is fixed by ``window``, whatever the length of the traffic: ``OfferWindow`` keeps
 the fingerprints of the last ``window`` offers in a ring (8 bytes each) and a count per
 distinct fingerprint among them (a dict entry), about 100 to 150 bytes per remembered
-offer in all; both grow as offers come, up to the window, and never beyond (nothing is
-allocated up front). The window defaults to ``WINDOW_PER_SLOT`` offers per slot of the
+offer in all (in the serving build's C counts, 8 bytes of ring and 24 to 48 of table);
+both grow as offers come, up to the window, and never beyond (nothing is allocated up
+front). The window defaults to ``WINDOW_PER_SLOT`` offers per slot of the
 store: on the Mooncake conversation trace, 4 to 8 times the capacity gives the best hit
 rates (a shorter window forgets a chunk before its second offer; docs/replay.md,
 "Admission").
@@ -23,7 +24,8 @@ rates (a shorter window forgets a chunk before its second offer; docs/replay.md,
 A fingerprint is 8 bytes of the key's digest mixed with its group tag: stable across processes
 (no ``hash()``, so no ``PYTHONHASHSEED``), and two keys share one with probability 2^-64.
 The window and the fingerprints live in ``kvtier.store.offers`` (compiled in the serving
-build); this module, interpreted, checks what users give (``Admission``).
+build, which counts in C: ``kvtier._native.OfferCounts``); this module, interpreted,
+checks what users give (``Admission``).
 
 Worked example: admit at the second offer, remembering the last 3 offers.
 

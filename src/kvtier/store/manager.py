@@ -79,7 +79,6 @@ from kvtier.store.checks import (
     resolve_policy,
     take_handle,
 )
-from kvtier.store.offers import fingerprints
 from kvtier.store.pins import PinCounts
 from kvtier.store.policies import Policy
 from kvtier.store.results import (
@@ -254,7 +253,7 @@ class ChunkStore:
             offers = None if promote else self._offers
             declined: list[ChunkKey]
             offered, declined = new, []  # declined: offered keys admission holds back
-            fps = fingerprints(new) if offers is not None else []
+            fps = offers.fingerprints(new) if offers is not None else []
             if offers is not None:
                 new, declined = offers.split(new, fps)
             if len(new) > self._alloc.num_free:

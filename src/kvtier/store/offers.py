@@ -9,6 +9,11 @@ fields come from users, stays interpreted, where a bad value raises its ``ValueE
 A fingerprint is 8 bytes of the key's digest mixed with its group tag: stable across
 processes (no ``hash()``, so no ``PYTHONHASHSEED``), and two keys share one with
 probability 2^-64.
+
+Where the serving build has its C module, a window counts in C (``kvtier._native``'s
+``OfferCounts``: the ring and a table of counts, no Python object per offer) and takes
+fingerprints as 8 bytes each (``OfferWindow.fingerprints``); the code below is the pure
+build's, and the definition both are tested against (``tests/store/test_offer_window.py``).
 """
 
 from __future__ import annotations
@@ -17,12 +22,23 @@ import struct
 from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import compress
+from operator import not_
 from typing import cast
 
 import numpy as np
 
 from kvtier.keys import ChunkKey
 from kvtier.store.results import KEY_BYTES
+
+try:
+    from kvtier import _native
+except ImportError:  # the pure build
+    _native = None  # type: ignore[assignment]
+
+Fingerprints = Sequence[int] | bytes
+"""A batch's fingerprints as a window takes them (``OfferWindow.fingerprints``): ints, or
+8 bytes each to a window that counts in C."""
 
 MAX_ADMIT_AFTER = 64
 """The most offers admission may ask for (a chunk offered more often is plainly hot)."""
@@ -82,20 +98,34 @@ class OfferWindow:
     def __init__(self, after: object, window: object) -> None:
         self.after = check_int("admit_after", after, 2, MAX_ADMIT_AFTER)
         self.window = check_int("admit_window", window, 1, MAX_WINDOW)
+        # the C module's counts and fingerprints (module docstring), decided once (a test
+        # may take the module away)
+        self._c = _native.OfferCounts(self.window) if _native is not None else None
+        self._c_fingerprints = _native.offer_fingerprints if _native is not None else None
         self._ring = array("Q")  # fingerprints of the last offers, oldest at _pos once full
         self._pos = 0
         self._counts: dict[int, int] = {}  # fingerprint -> offers of it in the ring (> 0)
 
+    def fingerprints(self, keys: Sequence[ChunkKey]) -> Fingerprints:
+        """``fingerprints(keys)``, as ``split`` and ``record`` take them here."""
+        if self._c_fingerprints is not None:
+            return self._c_fingerprints(keys if isinstance(keys, list) else list(keys))
+        return fingerprints(keys)
+
     def split(
-        self, keys: Sequence[ChunkKey], fps: Sequence[int] | None = None
+        self, keys: Sequence[ChunkKey], fps: Fingerprints | None = None
     ) -> tuple[list[ChunkKey], list[ChunkKey]]:
         """``(admitted, declined)``, each in order, changing nothing: the (distinct) keys
         whose offer, were ``keys`` offered one after another now, would find at least
         ``after - 1`` offers of the same key among the last ``window`` offers before it.
-        ``fps``: their ``fingerprints``, when the caller has them already."""
-        fps = fingerprints(keys) if fps is None else fps
-        fast = self._split_fast(keys, fps)
-        return fast if fast is not None else self._split_each(keys, fps)
+        ``fps``: their ``fingerprints`` (this window's), when the caller has them."""
+        fps = self.fingerprints(keys) if fps is None else fps
+        if self._c is not None:
+            admit = self._c.split(cast(bytes, fps), self.after - 1)
+            return list(compress(keys, admit)), list(compress(keys, map(not_, admit)))
+        ints = cast("Sequence[int]", fps)
+        fast = self._split_fast(keys, ints)
+        return fast if fast is not None else self._split_each(keys, ints)
 
     def _split_each(self, keys: Sequence[ChunkKey], fps: Sequence[int]
                     ) -> tuple[list[ChunkKey], list[ChunkKey]]:
@@ -163,11 +193,14 @@ class OfferWindow:
             (admitted if seen >= need else declined).append(k)
         return admitted, declined
 
-    def record(self, keys: Sequence[ChunkKey], fps: Sequence[int] | None = None) -> None:
+    def record(self, keys: Sequence[ChunkKey], fps: Fingerprints | None = None) -> None:
         """Count one offer of each key, forgetting the oldest offers past the window
         (``fps``: as ``split``'s)."""
+        if self._c is not None:
+            self._c.record(cast(bytes, self.fingerprints(keys) if fps is None else fps))
+            return
         counts, ring, window = self._counts, self._ring, self.window
-        fps = fingerprints(keys) if fps is None else fps
+        fps = cast("Sequence[int]", fingerprints(keys) if fps is None else fps)
         pos, n = self._pos, len(fps)
         if len(ring) == window and pos + n <= window:  # full, and no wrap: one slice
             olds = ring[pos : pos + n]
@@ -198,13 +231,16 @@ class OfferWindow:
 
     def __len__(self) -> int:
         """Offers remembered: at most ``window``."""
-        return len(self._ring)
+        return len(self._c) if self._c is not None else len(self._ring)
 
     def num_distinct(self) -> int:
         """Distinct fingerprints among the remembered offers."""
-        return len(self._counts)
+        return self._c.num_distinct() if self._c is not None else len(self._counts)
 
     def check_invariants(self) -> None:
+        if self._c is not None:
+            self._c.check()
+            return
         if len(self._ring) > self.window or sum(self._counts.values()) != len(self._ring):
             raise AssertionError("OfferWindow: counts disagree with the remembered offers")
         if 0 in self._counts.values():

@@ -145,8 +145,9 @@ class PageTiers:
         if self._admit is None:
             return set(keys)
         with self._admit_lock:
-            admitted, declined = self._admit.split(keys)
-            self._admit.record(keys)
+            fps = self._admit.fingerprints(keys)
+            admitted, declined = self._admit.split(keys, fps)
+            self._admit.record(keys, fps)
             self.declined += len(declined)
         return set(admitted)
 
