@@ -114,6 +114,21 @@ def test_the_store_locates_holds_and_refreshes_without_promoting() -> None:
     store.check_invariants()
 
 
+def test_holding_with_places_for_other_keys_is_refused_and_changes_nothing() -> None:
+    a, b = (ChunkKey(bytes([i]) * 40) for i in range(2))
+    store = metadata_store(2)
+    for k in (a, b):
+        handle = store.prepare_store([k])
+        assert isinstance(handle, StoreHandle)
+        store.complete_store(handle, ok=True)
+    with pytest.raises(ValueError, match="1 places for 2 keys"):
+        store.hold([a, b], ["host"])
+    held = store.hold([a, b], ["host", "host"])  # the same call, one place each
+    assert held is not None and held.keys == (a, b)
+    store.complete_load(held)
+    store.check_invariants()
+
+
 def test_hybrid_layout_loads_only_the_window(requests: list) -> None:
     w = Workload(requests[:250], ReplayConfig(preset("gpt-oss-120b")))
     s = replay(w, "lru", 3000)

@@ -216,7 +216,8 @@ class Driver:
         the chunks' ``locate``, when the caller knows it is still true."""
         if where is None:
             where = self.store.locate_checked(refs.keys)
-        held = [(k, w) for k, w in zip(refs.keys, where, strict=True) if w and k not in loaded]
+        # where: one per key (locate); a bare zip, which mypyc compiles into a loop
+        held = [(k, w) for k, w in zip(refs.keys, where) if w and k not in loaded]  # noqa: B905
         hold = self.store.hold([k for k, _ in held], [w for _, w in held]) if held else None
         if refs.store_tokens > refs.num_prompt:  # the rest of the stored scope
             top, width = refs.store_tokens, self.config.block_tokens
@@ -284,7 +285,7 @@ class Driver:
         """Store absent chunks and refresh cached ones, alternating in the request's order."""
         horizon = 0
         refresh: list = []
-        for key, w, h in zip(refs.keys, where, refs.horizons, strict=True):
+        for key, w, h in zip(refs.keys, where, refs.horizons):  # noqa: B905  (one each)
             if not w:
                 if refresh:
                     self.store.refresh(refresh)

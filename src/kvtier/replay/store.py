@@ -80,8 +80,11 @@ class ReplayStore(TieredStore):
         them and counts the use) and count a use of the others where they are, without
         promoting them. ``where``: their ``locate``, when the caller has it already."""
         where = self.locate(keys) if where is None else where
-        self._count_below([k for k, w in zip(keys, where, strict=True) if w and w != HOST])
-        host = [k for k, w in zip(keys, where, strict=True) if w == HOST]
+        if len(where) != len(keys):
+            raise ValueError(f"hold: {len(where)} places for {len(keys)} keys; give one each")
+        # bare zips (one place per key), which mypyc compiles into loops
+        self._count_below([k for k, w in zip(keys, where) if w and w != HOST])  # noqa: B905
+        host = [k for k, w in zip(keys, where) if w == HOST]  # noqa: B905
         return self.host.prepare_load(host) if host else None
 
     def refresh(self, keys: list[ChunkKey]) -> None:

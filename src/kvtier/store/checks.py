@@ -55,7 +55,8 @@ def parents_of(offered: list[ChunkKey], hint: list[ChunkKey | None], new: list[C
     if distinct:  # ``new`` is a subsequence of ``offered``: walked, nothing hashed
         out: list[ChunkKey | None] = []
         j, n = 0, len(new)
-        for k, parent in zip(offered, hint, strict=True):
+        # one parent each (check_parents); a bare zip, which mypyc compiles into a loop
+        for k, parent in zip(offered, hint):  # noqa: B905
             if j < n and k == new[j]:
                 out.append(parent)
                 j += 1

@@ -61,7 +61,6 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
-from operator import invert
 from typing import NoReturn, cast
 
 from mypy_extensions import mypyc_attr
@@ -326,13 +325,18 @@ class ChunkStore:
     def _reserve(self, keys: list[ChunkKey]) -> tuple[int, ...]:
         """absent -> writing: a slot each."""
         slots = self._alloc.allocate_many(len(keys))
-        self._slots.update(zip(keys, map(invert, slots), strict=True))
+        held = self._slots
+        # one slot per key; a bare zip, which mypyc compiles into a loop (not with strict=)
+        for k, slot in zip(keys, slots):  # noqa: B905
+            held[k] = ~slot
         self._num_writing += len(keys)
         return tuple(slots)
 
     def _publish(self, handle: StoreHandle) -> None:
         """writing -> ready."""
-        self._slots.update(zip(handle.keys, handle.slots, strict=True))
+        held = self._slots
+        for k, slot in zip(handle.keys, handle.slots):  # noqa: B905  (as in _reserve)
+            held[k] = slot
         self._num_writing -= len(handle.keys)
         self.policy.on_insert_with_parents(handle.keys, handle.parents)
 

@@ -75,8 +75,9 @@ class KeyQueue:
     def push(self, keys: Sequence[Hashable]) -> None:
         """Add absent ``keys`` at the new end."""
         state = self._state
-        if state.keys().isdisjoint(keys):  # no entries left behind by these keys: C speed
-            state.update(zip(keys, repeat(ENTRY + LIVE)))
+        if state.keys().isdisjoint(keys):  # no entries left behind by these keys
+            for k in keys:
+                state[k] = ENTRY + LIVE
         else:
             for k in keys:
                 state[k] = (state.get(k, 0) & ~LIVE) + ENTRY + LIVE
@@ -175,7 +176,7 @@ class KeyQueue:
         live = list(compress(latest, map(and_, map(self._state.__getitem__, latest), repeat(LIVE))))
         live.reverse()
         self._order = deque(live)
-        self._state = dict(zip(live, repeat(ENTRY + LIVE)))
+        self._state = dict.fromkeys(live, ENTRY + LIVE)
 
 
 def fresh_copy(d: dict[K, V]) -> dict[K, V]:
