@@ -342,17 +342,18 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kvtier._native",
-    "Batched byte copies, SHA-256 prefix digests, Redis values read into place and admission's offer counts (compiled build only).", -1, methods,
+    "Batched byte copies, SHA-256 prefix digests, Redis values read into place, admission's offer counts and LRU's recency order (compiled build only).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    if (PyType_Ready(&OfferCountsType) < 0)
+    if (PyType_Ready(&OfferCountsType) < 0 || PyType_Ready(&KeyOrderType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddObjectRef(m, "OfferCounts", (PyObject *)&OfferCountsType) < 0)
+    if (m && (PyModule_AddObjectRef(m, "OfferCounts", (PyObject *)&OfferCountsType) < 0
+              || PyModule_AddObjectRef(m, "KeyOrder", (PyObject *)&KeyOrderType) < 0))
         Py_CLEAR(m);
     return m;
 }

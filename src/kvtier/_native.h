@@ -2,7 +2,8 @@
  * (_native_copy.c: copy over address tables; _native_lanes.c: copy_lanes and sorted_blocks
  * over a transfer batch; _native_plan.c: read_job over a transfer job;
  * _native_resp.c: recv_values, Redis values read into place; _native_offers.c: admission's
- * offer window). Built only by KVTIER_COMPILE=1 (setup.py, NATIVE). */
+ * offer window; _native_order.c: LRU's recency order). Built only by KVTIER_COMPILE=1
+ * (setup.py, NATIVE). */
 #ifndef KVTIER_NATIVE_H
 #define KVTIER_NATIVE_H
 
@@ -34,5 +35,6 @@ PyObject *native_read_job(PyObject *self, PyObject *args);
 PyObject *native_recv_values(PyObject *self, PyObject *args);
 PyObject *native_offer_fingerprints(PyObject *self, PyObject *keys);
 extern PyTypeObject OfferCountsType;
+extern PyTypeObject KeyOrderType;
 
 #endif

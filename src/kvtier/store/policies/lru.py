@@ -15,7 +15,7 @@ from collections.abc import Collection, Hashable, Iterator
 from mypy_extensions import mypyc_attr
 
 from kvtier.store.policies.base import Keys, Policy
-from kvtier.store.policies.queue import KeyQueue
+from kvtier.store.policies.queue import recency_order
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -26,13 +26,13 @@ class LRU(Policy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._order = KeyQueue()
+        self._order = recency_order()
 
     def on_insert(self, keys: Keys) -> None:
         self._order.push(keys)
 
     def on_access(self, keys: Keys) -> None:
-        self._order.move_from(self._order, keys)  # live keys here: each to the new end
+        self._order.to_new_end(keys)
 
     def on_remove(self, keys: Keys) -> None:
         for k in keys:

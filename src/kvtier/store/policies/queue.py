@@ -17,6 +17,12 @@ as the old end is popped; the deque is compacted (at C speed) only when they out
 live keys ``COMPACT_AT - 1`` times over, which bounds its length without paying a
 compaction for every few moves. A compaction also rebuilds ``_state`` at its right size.
 
+Where the serving build has its C module, LRU keeps its order in C instead
+(``recency_order()``: ``kvtier._native.KeyOrder``, a linked list indexed by a hash table
+of its own, so a move relinks one node and nothing is ever compacted; about 40 bytes a
+key). ``KeyQueue`` stays the pure build's order and the definition both are tested
+against (``tests/store/test_recency_order.py``).
+
 >>> q = KeyQueue()
 >>> q.push(["a", "b", "c"]); q.move_from(KeyQueue(), ["a"]); q.remove("b")
 >>> list(q), q.pop_oldest(), len(q)
@@ -30,7 +36,12 @@ from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
 from itertools import compress, islice, repeat
 from operator import and_
-from typing import TypeVar, cast
+from typing import Protocol, TypeVar, cast
+
+try:
+    from kvtier import _native
+except ImportError:  # the pure build
+    _native = None  # type: ignore[assignment]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -38,6 +49,25 @@ V = TypeVar("V")
 ENTRY, LIVE = 2, 1
 COMPACT_AT = 3
 """Compact when the deque holds more than this many entries per live key (plus 64)."""
+
+
+class RecencyOrder(Protocol):
+    """What LRU asks of its order: ``KeyQueue``'s methods (``KeyOrder`` has the same)."""
+
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object) -> bool: ...
+    def __iter__(self) -> Iterator[Hashable]: ...
+    def push(self, keys: Sequence[Hashable]) -> None: ...
+    def to_new_end(self, keys: Sequence[Hashable]) -> None: ...
+    def take(self, keys: Sequence[Hashable]) -> list[Hashable]: ...
+    def remove(self, key: Hashable) -> None: ...
+    def pop_unprotected(self, n: int, protected: Collection[Hashable]) -> list[Hashable]: ...
+    def live_among(self, keys: Sequence[Hashable]) -> list[Hashable]: ...
+
+
+def recency_order() -> RecencyOrder:
+    """An empty order for LRU: in C where the serving build has it, else a ``KeyQueue``."""
+    return _native.KeyOrder() if _native is not None else KeyQueue()
 
 
 class KeyQueue:
@@ -83,6 +113,10 @@ class KeyQueue:
                 state[k] = (state.get(k, 0) & ~LIVE) + ENTRY + LIVE
         self._order.extend(keys)
         self._live += len(keys)
+
+    def to_new_end(self, keys: Sequence[Hashable]) -> None:
+        """Each key to the new end, in order (a key not here is added)."""
+        self.move_from(self, keys)
 
     def move_from(self, other: KeyQueue, keys: Iterable[Hashable]) -> None:
         """Move each key to the new end here: a key live here keeps its place in the
