@@ -9,7 +9,8 @@ hit is one pass over where its chunks are and one over its boundaries, largest f
 
 from __future__ import annotations
 
-from itertools import accumulate
+from bisect import bisect_left
+from itertools import accumulate, pairwise
 
 from kvtier import coverage
 from kvtier.layout import Layout
@@ -89,6 +90,23 @@ class HitPlan:
         0 .. its size; None unless its checks all start at 0 and its chunks are in place."""
         if self.lone >= 0 and self.from_zero[self.lone] and self.in_place[self.lone]:
             self.by_lead = self._by_lead(self.sizes[self.lone])
+        self.skips = self._skips(len(layout.groups)) if self.by_lead is None else []
+        """Per group whose required ranges start at 0 and shrink as the boundary does (full
+        attention), ``(group, -stop per boundary)``, ascending: the boundaries its lead
+        cannot satisfy come first, and a bisection skips them all. Empty when some such
+        group's ranges do not shrink (then every boundary is checked), or with ``by_lead``."""
+
+    def _skips(self, num_groups: int) -> list[tuple[int, list[int]]]:
+        skips = []
+        for gi in range(num_groups):
+            if not self.from_zero[gi]:
+                continue
+            stops = [max([stop for g, _, stop, _ in checks if g == gi], default=0)
+                     for checks in self.checks]
+            if any(a < b for a, b in pairwise(stops)):
+                return []
+            skips.append((gi, [-stop for stop in stops]))
+        return skips
 
     def _by_lead(self, size: int) -> list[int]:
         """For each lead ``0 .. size``, the largest boundary whose checks (all ``lone``'s,
@@ -124,8 +142,11 @@ class HitPlan:
                     flags[c] = 1
             leads.append(flags.index(0) if 0 in flags else size)
             sums.append([0, *accumulate(flags)])
-        for b, checks in zip(self.bounds, self.checks, strict=True):
-            for gi, start, stop, length in checks:
+        first = 0  # the boundaries before it need more of a lead than some group has
+        for gi, neg_stops in self.skips:
+            first = max(first, bisect_left(neg_stops, -leads[gi]))
+        for i in range(first, len(self.bounds)):
+            for gi, start, stop, length in self.checks[i]:
                 if start == 0:
                     if stop > leads[gi]:
                         break
@@ -134,5 +155,5 @@ class HitPlan:
                 if stop >= len(s) or s[stop] - s[start] != length:
                     break
             else:
-                return b
+                return self.bounds[i]
         return 0

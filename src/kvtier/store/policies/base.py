@@ -92,7 +92,8 @@ class Policy(ABC):
         """
         if n <= 0:
             return []
-        if self.num_unprotected(protected) < n:
+        # counted only when the protected keys could be too many (each takes one at most)
+        if len(protected) > len(self) - n and self.num_unprotected(protected) < n:
             return None
         chosen = self._select(n, protected)
         assert len(chosen) == n, chosen
