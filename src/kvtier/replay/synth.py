@@ -25,7 +25,7 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -83,23 +83,46 @@ class SynthConfig(Options):
 class _Ids:
     """Dense block ids, one per distinct block identity, numbered in order of first use.
     A conversation's own blocks are remembered only while it is drawn
-    (``new_conversation``): only the shared system prompts' are kept for the whole trace."""
+    (``new_conversation``): only the shared system prompts' are kept for the whole trace.
+
+    A prompt's blocks, in order, are: its system prompt's whole blocks, then its own whole
+    blocks (the history's, then the new message's), then its partial last block, if any.
+    Every prompt holds its whole system prompt and more, and each round's prompt is longer
+    than the last; so the ids are kept as lists by block index, and a prompt's ids are
+    those lists' first entries (new ones drawn in block order) and its partial block's.
+    """
 
     def __init__(self) -> None:
-        self._shared: dict[Hashable, int] = {}
-        self._own: dict[Hashable, int] = {}
+        self._system: dict[int, list[int]] = {}  # a system prompt's whole blocks' ids
+        self._own: list[int] = []  # this conversation's whole blocks' ids, after the system's
+        self._partial: dict[tuple[int, int], int] = {}  # (block, prompt tokens) -> id
         self._next = 0
 
     def new_conversation(self) -> None:
-        self._own = {}
+        self._own, self._partial = [], {}
 
-    def __call__(self, identity: tuple[Hashable, ...]) -> int:
-        table = self._shared if identity[0] == "system" else self._own
-        found = table.get(identity)
-        if found is None:
-            found = table[identity] = self._next
-            self._next += 1
-        return found
+    def prompt(self, system: int, system_tokens: int, prompt: int, block_tokens: int
+               ) -> tuple[int, ...]:
+        """The ids of a prompt of ``prompt`` tokens over system prompt ``system``."""
+        whole = prompt // block_tokens
+        shared = min(system_tokens // block_tokens, whole)
+        out = self._draw(self._system.setdefault(system, []), shared)
+        out += self._draw(self._own, whole - shared)
+        if prompt % block_tokens:
+            found = self._partial.get((whole, prompt))
+            if found is None:
+                found = self._partial[(whole, prompt)] = self._next
+                self._next += 1
+            out.append(found)
+        return tuple(out)
+
+    def _draw(self, ids: list[int], n: int) -> list[int]:
+        """The first ``n`` of ``ids``, those missing drawn now, numbered next in order."""
+        missing = n - len(ids)
+        if missing > 0:
+            ids.extend(range(self._next, self._next + missing))
+            self._next += missing
+        return ids[:n]
 
 
 def expected_blocks(config: SynthConfig, block_tokens: int = BLOCK_TOKENS) -> int:
@@ -180,7 +203,7 @@ def _conversation(
     for _ in range(rng.randint(1, 2 * config.turns - 1)):
         prompt = history + _length(rng, config.user_tokens)
         output = _length(rng, config.output_tokens)
-        block_ids = _block_ids(ids, system, user, config.system_tokens, prompt, block_tokens)
+        block_ids = ids.prompt(system, config.system_tokens, prompt, block_tokens)
         out.append(TraceRequest(round(now * 1000.0, 3), prompt, output, block_ids))
         history = prompt + output
         think = rng.expovariate(1.0 / config.think_time_s) if config.think_time_s else 0.0
@@ -188,16 +211,3 @@ def _conversation(
     return out
 
 
-def _block_ids(
-    ids: _Ids, system: int, user: int, system_tokens: int, prompt: int, block_tokens: int
-) -> tuple[int, ...]:
-    out = []
-    for j in range(-(-prompt // block_tokens)):
-        end = (j + 1) * block_tokens
-        if end > prompt:
-            out.append(ids(("partial", user, j, prompt)))
-        elif end <= system_tokens:
-            out.append(ids(("system", system, j)))
-        else:
-            out.append(ids(("user", user, j)))
-    return tuple(out)
