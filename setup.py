@@ -31,6 +31,7 @@ COMPILED = [
     "src/kvtier/planner/requests.py",
     "src/kvtier/planner/serving.py",
     "src/kvtier/planner/types.py",
+    "src/kvtier/replay/conversations.py",
     "src/kvtier/replay/driver.py",
     "src/kvtier/replay/hits.py",
     "src/kvtier/replay/refs.py",

@@ -6,14 +6,17 @@ own blocks share identities) shows the comparison can fail."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from kvtier.replay import synth
+from kvtier.replay import conversations as draws
+from kvtier.replay.conversations import PromptIds, conversations
 from kvtier.replay.synth import SynthConfig, generate
 
 
 class IdsByDefinition:
-    """``synth._Ids``'s interface, each block looked up by its identity."""
+    """``conversations.PromptIds``, each block looked up by its identity."""
 
     def __init__(self) -> None:
         self.shared: dict[tuple[object, ...], int] = {}
@@ -54,10 +57,22 @@ CONFIGS = [SynthConfig(users=30, turns=4, system_prompts=3, system_tokens=1000, 
 
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("block_tokens", [512, 16, 7, 4096])
-def test_ids_follow_the_rule(monkeypatch: pytest.MonkeyPatch, config: SynthConfig,
-                             block_tokens: int) -> None:
+def test_ids_follow_the_rule(config: SynthConfig, block_tokens: int) -> None:
     got = generate(config, block_tokens)
-    monkeypatch.setattr(synth, "_Ids", IdsByDefinition)
-    assert got == generate(config, block_tokens)
-    monkeypatch.setattr(synth, "_Ids", NeverForgets)
-    assert got != generate(config, block_tokens)
+
+    def drawn(ids: PromptIds) -> list[object]:
+        return list(conversations(config, block_tokens, ids))
+
+    assert got == drawn(IdsByDefinition())
+    assert got != drawn(NeverForgets())
+
+
+def test_the_written_out_draws_are_the_standard_librarys() -> None:
+    """The conversations' lengths and gaps, drawn by the module's compiled copies of
+    ``lognormvariate`` and ``expovariate``: the same values from the same seed."""
+    for sigma, rate in [(0.5, 0.5), (1.0, 1 / 30), (0.1, 3.0)]:
+        ours, theirs = random.Random(11), random.Random(11)
+        for _ in range(2000):
+            assert draws._lognormal(ours, sigma) == theirs.lognormvariate(0.0, sigma)
+            assert draws._exponential(ours, rate) == theirs.expovariate(rate)
+    assert draws._lognormal(random.Random(1), 0.5) != random.Random(2).lognormvariate(0.0, 0.5)
