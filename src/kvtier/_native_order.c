@@ -345,17 +345,11 @@ static PyObject *order_move_from(KeyOrder *q, PyObject *args)
     int ok = 1;
     for (Py_ssize_t i = 0; ok && i < n; i++) {
         PyObject *key = PySequence_Fast_GET_ITEM(seq, i);
-        if (other != q) {
-            int err = 0;
-            uint32_t there = node_of(other, key, &err);
-            if (err < 0) {
-                ok = 0;
-                break;
-            }
-            if (there != NIL)
-                Py_DECREF(remove_node(other, there));
-        }
-        ok = add_or_move(q, key, 1) >= 0;
+        int err = 0;
+        uint32_t there = other != q ? node_of(other, key, &err) : NIL;
+        ok = err == 0 && add_or_move(q, key, 1) >= 0;
+        if (ok && there != NIL) /* here now: only then does it leave the other order */
+            Py_DECREF(remove_node(other, there));
     }
     Py_DECREF(seq);
     other->busy = 0;

@@ -117,6 +117,15 @@ def test_the_comparison_fails_against_a_wrong_model(
     assert run_ops(make_order(), ListModel(moves_protected=False), ops) > 0
 
 
+def test_keys_move_between_two_orders(make_order: Callable[[], RecencyOrder]) -> None:
+    a, b = make_order(), make_order()
+    a.push(["x", "y"])
+    b.push(["z"])
+    b.move_from(a, ["x", "z", "w", "x"])  # type: ignore[attr-defined]
+    assert (list(a), list(b)) == (["y"], ["z", "w", "x"])
+    assert (len(a), len(b)) == (1, 3) and "x" not in a and "x" in b
+
+
 def test_a_long_random_run_of_bytes_keys(make_order: Callable[[], RecencyOrder]) -> None:
     """Store-like keys (40 bytes, equal but not identical objects) through many table
     growths and node reuses."""
