@@ -64,8 +64,9 @@ NATIVE = Extension(
     "kvtier._native",
     sources=["src/kvtier/_native.c", "src/kvtier/_native_copy.c", "src/kvtier/_native_lanes.c",
              "src/kvtier/_native_plan.c", "src/kvtier/_native_resp.c",
-             "src/kvtier/_native_offers.c", "src/kvtier/_native_order.c"],
-    depends=["src/kvtier/_native.h"],
+             "src/kvtier/_native_offers.c", "src/kvtier/_native_order.c",
+             "src/kvtier/_native_order_core.c"],
+    depends=["src/kvtier/_native.h", "src/kvtier/_native_order.h"],
     libraries=["crypto"],  # OpenSSL's libcrypto, as CPython's hashlib; headers: libssl-dev
     extra_compile_args=["-O2", "-fvisibility=hidden"],  # the module exports PyInit only
 )

@@ -2,7 +2,7 @@
  * (_native_copy.c: copy over address tables; _native_lanes.c: copy_lanes and sorted_blocks
  * over a transfer batch; _native_plan.c: read_job over a transfer job;
  * _native_resp.c: recv_values, Redis values read into place; _native_offers.c: admission's
- * offer window; _native_order.c: LRU's recency order). Built only by KVTIER_COMPILE=1
+ * offer window; _native_order*.c: LRU's recency order). Built only by KVTIER_COMPILE=1
  * (setup.py, NATIVE). */
 #ifndef KVTIER_NATIVE_H
 #define KVTIER_NATIVE_H
