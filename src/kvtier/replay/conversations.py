@@ -12,12 +12,34 @@ import heapq
 import math
 import random
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from kvtier.replay.trace import MAX_TIMESTAMP_MS, TraceRequest
 
-if TYPE_CHECKING:
-    from kvtier.replay.synth import SynthConfig
+
+class Config(Protocol):
+    """What drawing reads of a ``synth.SynthConfig`` (whose docstrings say what each is)."""
+
+    @property
+    def users(self) -> int: ...
+    @property
+    def turns(self) -> int: ...
+    @property
+    def system_prompts(self) -> int: ...
+    @property
+    def system_tokens(self) -> int: ...
+    @property
+    def user_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def think_time_s(self) -> float: ...
+    @property
+    def arrival_rate_per_s(self) -> float: ...
+    @property
+    def decode_tokens_per_s(self) -> float: ...
+    @property
+    def seed(self) -> int: ...
 
 
 class PromptIds(Protocol):
@@ -74,7 +96,7 @@ class BlockIds:
         return ids[:n]
 
 
-def conversations(config: SynthConfig, block_tokens: int, ids: PromptIds
+def conversations(config: Config, block_tokens: int, ids: PromptIds
                   ) -> Iterator[TraceRequest]:
     """The trace of ``config``, in arrival order, one request at a time (``synth``'s
     ``iter_generate``, which checks its size first): only the conversations under way are
@@ -131,7 +153,7 @@ def _exponential(rng: random.Random, rate: float) -> float:
     return -math.log(1.0 - rng.random()) / rate
 
 
-def _conversation(config: SynthConfig, rng: random.Random, ids: PromptIds, start_s: float,
+def _conversation(config: Config, rng: random.Random, ids: PromptIds, start_s: float,
                   block_tokens: int) -> list[TraceRequest]:
     """One user's rounds, from its arrival at ``start_s``."""
     ids.new_conversation()
