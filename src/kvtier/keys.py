@@ -29,7 +29,7 @@ import math
 import sys
 from array import array
 from collections.abc import Iterable
-from typing import Any, NewType, cast
+from typing import Any, Final, NewType, cast
 
 import numpy as np
 
@@ -54,8 +54,8 @@ __all__ = ["DIGEST_SIZE", "MAX_TOKEN_ID", "TAG_SIZE", "ChunkKey", "HashName", "K
 ChunkKey = NewType("ChunkKey", bytes)
 """The identity of one stored chunk: an 8-byte group tag and a 32-byte prefix digest."""
 
-MAX_TOKEN_ID = 2**32 - 1
-_SMALL = 4096  # segments shorter than this absorb the next append
+MAX_TOKEN_ID: Final = 2**32 - 1
+_SMALL: Final = 4096  # segments shorter than this absorb the next append
 
 assert array("I").itemsize == 4, "kvtier keys need a 4-byte unsigned int array type"
 
@@ -96,7 +96,7 @@ def _start_of(namespace: Namespace, layout: Layout) -> _Start:
     return _Start(namespace, layout)
 
 
-_STARTS: dict[tuple[int, int], tuple[Namespace, Layout, _Start]] = {}
+_STARTS: Final[dict[tuple[int, int], tuple[Namespace, Layout, _Start]]] = {}
 
 
 def _start(namespace: Namespace, layout: Layout) -> _Start:
@@ -295,7 +295,7 @@ class KeyChain:
         return [built[c] for c in chunks]
 
 
-_NEAR = 64
+_NEAR: Final = 64
 """A window's chunks at most this far past a group's built keys extend them (cached for
 the next lookup) rather than being built apart each time."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from typing import cast
+from typing import Final, cast
 
 from kvtier import coverage
 from kvtier.keys import ChunkKey
@@ -242,8 +242,10 @@ def _subsequence(keys: Sequence[ChunkKey], wanted: Sequence[ChunkKey]) -> list[i
     return out
 
 
-_ODD, _INTS, _INTS_OR_NONE = 0, 1, 2
-_PLAIN = frozenset((int, type(None)))
+_ODD: Final = 0
+_INTS: Final = 1
+_INTS_OR_NONE: Final = 2
+_PLAIN: Final = frozenset((int, type(None)))
 
 
 SPAN_BLOCKS = 256

@@ -17,6 +17,7 @@ import itertools
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from kvtier import coverage
 from kvtier.coverage import ChunkRanges
@@ -295,12 +296,14 @@ class _Levels:
         return levels
 
 
-_ELSEWHERE = (1, 1, 2, 2)
+_ELSEWHERE: Final = (1, 1, 2, 2)
 """A chunk's level (``_Levels``) when another request loads it, by its level otherwise."""
 
 
-_READY, _PINNED, _ABSENT, _WRITING = (
-    ChunkState.READY, ChunkState.PINNED, ChunkState.ABSENT, ChunkState.WRITING)
+_READY: Final = ChunkState.READY
+_PINNED: Final = ChunkState.PINNED
+_ABSENT: Final = ChunkState.ABSENT
+_WRITING: Final = ChunkState.WRITING
 
 
 class _GroupWalk:
@@ -374,7 +377,8 @@ class _GroupWalk:
         return (True, True, _any_in(self.bad[2], chunks))
 
 
-_PASS, _NOT_READY = (False, False, False), (True, False, False)
+_PASS: Final = (False, False, False)
+_NOT_READY: Final = (True, False, False)
 
 
 def _any_in(sorted_chunks: list[int], chunks: range) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Any, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from kvtier.boundaries import BoundaryMode, check_mode
 from kvtier.coverage import ChunkRanges
@@ -188,5 +188,5 @@ class Metrics:
         return [(name, getattr(self, name)) for name in _METRIC_NAMES]
 
 
-_METRIC_NAMES = tuple(f.name for f in fields(Metrics))
+_METRIC_NAMES: Final = tuple(f.name for f in fields(Metrics))
 """``Metrics``' field names, found once (``dataclasses.fields`` walks the class)."""

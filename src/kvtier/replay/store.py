@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 from kvtier.keys import ChunkKey
 from kvtier.replay.tier_kinds import Counting, Exact, Sized
@@ -29,7 +30,9 @@ from kvtier.store.results import ChunkState, checked_keys
 from kvtier.tiers.lower import LowerTier
 from kvtier.tiers.tiered import Placement, TieredStore
 
-HOST, DISK, REDIS = "host", "disk", "redis"
+HOST: Final = "host"
+DISK: Final = "disk"
+REDIS: Final = "redis"
 PLACEMENT: Placement = "exclusive"
 """The replays' placement (module docstring)."""
 

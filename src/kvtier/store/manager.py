@@ -61,7 +61,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import NoReturn, cast
+from typing import Final, NoReturn, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -93,10 +93,14 @@ from kvtier.store.results import (
     checked_keys,
 )
 
-_ABSENT, _WRITING, _READY, _PINNED = (
-    ChunkState.ABSENT, ChunkState.WRITING, ChunkState.READY, ChunkState.PINNED,
-)
-_STORED, _EVICTED, _REMOVED = EventKind.STORED, EventKind.EVICTED, EventKind.REMOVED
+# Final: the compiled build reads them as C statics, not from the module's dict (per key)
+_ABSENT: Final = ChunkState.ABSENT
+_WRITING: Final = ChunkState.WRITING
+_READY: Final = ChunkState.READY
+_PINNED: Final = ChunkState.PINNED
+_STORED: Final = EventKind.STORED
+_EVICTED: Final = EventKind.EVICTED
+_REMOVED: Final = EventKind.REMOVED
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -24,7 +24,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import compress
 from operator import not_
-from typing import cast
+from typing import Final, cast
 
 import numpy as np
 
@@ -44,11 +44,11 @@ MAX_ADMIT_AFTER = 64
 """The most offers admission may ask for (a chunk offered more often is plainly hot)."""
 MAX_WINDOW = 1 << 30
 """The largest window (about 150 GiB of fingerprints at worst: a bound on typos)."""
-_MIX = 0x9E3779B97F4A7C15  # odd: spreads the tag over the 64 bits before it meets the digest
-_MASK = (1 << 64) - 1
-_HALVES = struct.Struct("<QQ")  # a key's group tag and the first 8 bytes of its digest
+_MIX: Final = 0x9E3779B97F4A7C15  # odd: spreads the tag over the 64 bits before it meets the digest
+_MASK: Final = (1 << 64) - 1
+_HALVES: Final = struct.Struct("<QQ")  # a key's group tag and the first 8 bytes of its digest
 _MIX64 = np.uint64(_MIX)
-_WORDS = KEY_BYTES // 8  # a key as 8-byte words: tag, then the digest's four
+_WORDS: Final = KEY_BYTES // 8  # a key as 8-byte words: tag, then the digest's four
 VECTOR_FROM = 16
 """Keys from which ``fingerprints`` computes them in one numpy pass (below, per key is
 faster: numpy's fixed cost is about that of 16 keys)."""

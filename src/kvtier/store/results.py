@@ -11,12 +11,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, Final, NamedTuple, TypeVar, cast
 
 from kvtier.keys import DIGEST_SIZE, TAG_SIZE, ChunkKey
 
 _T = TypeVar("_T")
-KEY_BYTES = TAG_SIZE + DIGEST_SIZE
+KEY_BYTES: Final = TAG_SIZE + DIGEST_SIZE
 """Length of a ``ChunkKey``: an 8-byte group tag and a 32-byte prefix digest."""
 
 
@@ -28,8 +28,10 @@ def checked_keys(keys: Iterable[object]) -> list[ChunkKey]:
     if isinstance(keys, (bytes, bytearray, str)):
         raise ValueError("pass a list of ChunkKeys, not a single key or string")
     out: list[object] = keys if type(keys) is list else list(keys)
-    for k in out:  # a plain loop: faster than set(map(type, ...)) and set(map(len, ...))
-        if type(k) is not bytes or len(k) != KEY_BYTES:
+    # a plain loop: faster than set(map(type, ...)) and set(map(len, ...)); compiled, the
+    # type is a pointer compare and the length (of bytes, once known) is read in place
+    for k in out:
+        if type(k) is not bytes or len(cast(bytes, k)) != KEY_BYTES:
             raise ValueError(
                 f"a chunk key must be {KEY_BYTES} bytes (a ChunkKey from KeyChain.key), "
                 f"got {type(k).__name__} {k!r:.60}"

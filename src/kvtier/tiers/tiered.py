@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from kvtier.keys import ChunkKey
 from kvtier.layout import Layout
@@ -79,7 +79,7 @@ PLACEMENTS: tuple[str, ...] = get_args(Placement)
 Promoted = Callable[[ChunkKey, str], None]
 """Called with each chunk promoted into host memory and the name of the tier it came from."""
 _log = logging.getLogger(__name__)
-_STORED = EventKind.STORED
+_STORED: Final = EventKind.STORED
 
 
 @dataclass

@@ -32,12 +32,13 @@ import heapq
 from array import array
 from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
 from kvtier.store.policies.base import Keys, Policy
 
-NEVER = 2**62
+NEVER: Final = 2**62
 """Next-use position of a key that is not used again."""
 
 

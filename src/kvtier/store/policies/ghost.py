@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Hashable, Iterable, Sequence
+from typing import Final
 
 from kvtier.store.policies.cells import Cells, map_cells, max_cell, new_cells, settle
 
@@ -59,9 +60,9 @@ CELLS_PER_KEY = 32
 """The default least number of cells per key of ``capacity`` (rounded up to a power of two)."""
 HASHES = 3
 """Cells stamped per key, each picked by its own bits of the key's mixed hash."""
-_MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing: spreads small-int hashes over many bits
-_MASK = (1 << 64) - 1
-_HALVES = struct.Struct("<QQ")  # a chunk key's group tag and the first 8 bytes of its digest
+_MIX: Final = 0x9E3779B97F4A7C15  # Fibonacci hashing: spreads small-int hashes over many bits
+_MASK: Final = (1 << 64) - 1
+_HALVES: Final = struct.Struct("<QQ")  # a chunk key's group tag and the first 8 bytes of its digest
 
 
 def stable_hash(key: object) -> int:
@@ -80,10 +81,10 @@ def stable_hash(key: object) -> int:
     return hash(key)
 
 
-_LAST_GENERATION = 127
+_LAST_GENERATION: Final = 127
 """Codes are ``generation * 2 + mark`` in a byte; generation 0 means never stamped."""
-_SAME = bytes(range(256))
-_RENUMBER = bytes(2 + (c & 1) if c >> 1 == _LAST_GENERATION else 0 for c in range(256))
+_SAME: Final = bytes(range(256))
+_RENUMBER: Final = bytes(2 + (c & 1) if c >> 1 == _LAST_GENERATION else 0 for c in range(256))
 """The last generation's codes become generation 1's; every other code 0 (forgotten)."""
 
 

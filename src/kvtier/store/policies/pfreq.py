@@ -48,6 +48,7 @@ from array import array
 from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
 from itertools import compress, count, repeat
 from operator import is_not, lshift, or_
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -56,12 +57,12 @@ from kvtier.store.policies.cells import Cells, map_cells, new_cells, settle
 from kvtier.store.policies.ghost import GhostFilter, stable_hash
 from kvtier.store.policies.slots import SlotTable
 
-BONUS = (0, 0, 1, 4)
+BONUS: Final = (0, 0, 1, 4)
 """Bonus per ``min(f, 3)``, in units of ``beta * capacity`` clock ticks."""
 MAX_BETA = 8.0
 SKETCH_WINDOW = 10
 """The sketch is halved every ``SKETCH_WINDOW * capacity`` increments (TinyLFU's sample)."""
-_HALVE = bytes(b >> 1 for b in range(256))
+_HALVE: Final = bytes(b >> 1 for b in range(256))
 
 
 class FrequencySketch:

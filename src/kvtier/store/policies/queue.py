@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Collection, Hashable, Iterable, Iterator, Sequence
 from itertools import compress, islice, repeat
 from operator import and_
-from typing import Protocol, TypeVar, cast
+from typing import Final, Protocol, TypeVar, cast
 
 try:
     from kvtier import _native
@@ -46,8 +46,9 @@ except ImportError:  # the pure build
 K = TypeVar("K")
 V = TypeVar("V")
 
-ENTRY, LIVE = 2, 1
-COMPACT_AT = 3
+ENTRY: Final = 2
+LIVE: Final = 1
+COMPACT_AT: Final = 3
 """Compact when the deque holds more than this many entries per live key (plus 64)."""
 
 

@@ -35,18 +35,19 @@ from collections import deque
 from collections.abc import Collection, Hashable, Iterator
 from itertools import filterfalse, islice, repeat
 from operator import sub
+from typing import Final
 
 from kvtier.store.policies.base import Keys, Policy
 from kvtier.store.policies.ghost import GhostFilter
 from kvtier.store.policies.queue import DictWatch
 
-MAX_FREQ = 3
-IN_MAIN = 4
+MAX_FREQ: Final = 3
+IN_MAIN: Final = 4
 """Added to a key's count in ``_state`` when the key is in ``M``."""
 GHOST_CELLS_PER_KEY = 16
 """The ghost filter's cells: 16 to 32 per key (2 to 4 bytes a resident chunk, ~1% false
 positives; see ``GhostFilter``), half its default, to fit the metadata budget."""
-_BUMPED = tuple(v if v & MAX_FREQ == MAX_FREQ else v + 1 for v in range(2 * IN_MAIN))
+_BUMPED: Final = tuple(v if v & MAX_FREQ == MAX_FREQ else v + 1 for v in range(2 * IN_MAIN))
 """``_BUMPED[state]``: the state after one more access (the count saturates at 3)."""
 
 

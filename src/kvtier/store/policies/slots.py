@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Iterable, Iterator
+from typing import Final
 
-_MIN_INDEX = 8
+_MIN_INDEX: Final = 8
 """The index's first size, in cells (a power of two)."""
 
 
