@@ -71,19 +71,11 @@ static PyObject *order_push(KeyOrder *q, PyObject *keys)
     Py_RETURN_NONE;
 }
 
-/* move_from(other, keys): each key to the new end here; a key here keeps its place in the
- * count, a key in `other` (another KeyOrder, or this one) leaves it, others are added. */
-static PyObject *order_move_from(KeyOrder *q, PyObject *args)
+/* Each of `keys` to the new end of q; a key in `other` (another order, or q itself) leaves
+ * it once it is here, any other key is added (move_from and to_new_end). */
+static PyObject *move_keys(KeyOrder *q, KeyOrder *other, PyObject *keys, const char *fast_msg)
 {
-    PyObject *other_obj, *keys;
-    if (!PyArg_ParseTuple(args, "OO:move_from", &other_obj, &keys))
-        return NULL;
-    if (Py_TYPE(other_obj) != Py_TYPE(q)) {
-        PyErr_SetString(PyExc_TypeError, "move_from: the other order must be a KeyOrder");
-        return NULL;
-    }
-    KeyOrder *other = (KeyOrder *)other_obj;
-    PyObject *seq = PySequence_Fast(keys, "move_from: a sequence of keys expected");
+    PyObject *seq = PySequence_Fast(keys, fast_msg);
     if (!seq)
         return NULL;
     if (order_enter(q) < 0) {
@@ -113,24 +105,24 @@ static PyObject *order_move_from(KeyOrder *q, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* move_from(other, keys): each key to the new end here; a key here keeps its place in the
+ * count, a key in `other` (another KeyOrder, or this one) leaves it, others are added. */
+static PyObject *order_move_from(KeyOrder *q, PyObject *args)
+{
+    PyObject *other, *keys;
+    if (!PyArg_ParseTuple(args, "OO:move_from", &other, &keys))
+        return NULL;
+    if (Py_TYPE(other) != Py_TYPE(q)) {
+        PyErr_SetString(PyExc_TypeError, "move_from: the other order must be a KeyOrder");
+        return NULL;
+    }
+    return move_keys(q, (KeyOrder *)other, keys, "move_from: a sequence of keys expected");
+}
+
 /* to_new_end(keys): each key to the new end, in order (a key not here is added). */
 static PyObject *order_to_new_end(KeyOrder *q, PyObject *keys)
 {
-    PyObject *seq = PySequence_Fast(keys, "to_new_end: a sequence of keys expected");
-    if (!seq || order_enter(q) < 0) {
-        Py_XDECREF(seq);
-        return NULL;
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (order_add_or_move(q, PySequence_Fast_GET_ITEM(seq, i), 1) < 0) {
-            Py_DECREF(seq);
-            LEAVE(q, NULL);
-        }
-    }
-    Py_DECREF(seq);
-    q->busy = 0;
-    Py_RETURN_NONE;
+    return move_keys(q, q, keys, "to_new_end: a sequence of keys expected");
 }
 
 /* take(keys) -> the keys found here, removed (a repeated key once). */
