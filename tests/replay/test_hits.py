@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvtier import coverage
 from kvtier.layout import Group, Layout
 from kvtier.replay.hits import HitPlans, block_hit
-from kvtier.replay.refs import RefsPlanner, replay_namespace
+from kvtier.replay.refs import RefsPlanner, RequestRefs, replay_namespace
 from kvtier.replay.trace import TraceRequest
 
 LAYOUTS = [
@@ -63,3 +63,23 @@ def test_negative_control_one_chunk_missing_lowers_the_hit(layout: Layout) -> No
                  if c in coverage.required(layout.groups[g], whole))
     missing[first] = ""
     assert block_hit(layout, refs, missing) < whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(range(len(LAYOUTS))), st.integers(1, 12), st.integers(0, 2**32),
+       st.floats(0.0, 1.0))
+def test_chunks_a_request_does_not_reference_are_never_cached(
+        which: int, blocks: int, seed: int, dropped: float) -> None:
+    """References with gaps (a caller's partial list): a chunk not referenced counts as
+    absent, whether it lies below a group's largest referenced chunk or past it."""
+    layout = LAYOUTS[which]
+    full = RefsPlanner(layout, replay_namespace(layout), BLOCK, "blocks").refs(
+        TraceRequest(0.0, blocks * BLOCK - 3, 1, tuple(range(blocks))))
+    rng = random.Random(seed)
+    kept = [i for i in range(len(full.keys)) if rng.random() >= dropped]
+    refs = RequestRefs(full.num_prompt, full.store_tokens, [full.keys[i] for i in kept],
+                       tuple(full.groups[i] for i in kept), tuple(full.chunks[i] for i in kept),
+                       tuple(full.horizons[i] for i in kept), full.prompt, full.stored)
+    where = ["host" if rng.random() < 0.8 else "" for _ in kept]
+    cached = {(g, c) for g, c, w in zip(refs.groups, refs.chunks, where, strict=True) if w}
+    assert block_hit(layout, refs, where) == by_definition(layout, refs.store_tokens, cached)
