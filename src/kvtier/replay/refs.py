@@ -29,9 +29,11 @@ the future.
 from __future__ import annotations
 
 import functools
+import sys
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -120,7 +122,7 @@ class ReplayChain(KeyChain):
             self.extend(token_span(tuple(hash_ids), width, start, stop))
             return
         first, last = start // width, (stop - 1) // width
-        heads = np.asarray(hash_ids[first : last + 1], dtype="<u8").tobytes()  # = the heads
+        heads = _u64_bytes(hash_ids[first : last + 1])  # = the heads
         self._num_bytes += 4 * (stop - start)
         self._feed(start, stop, first, heads)
         self._head = heads[-8:][: 4 * min(2, width)] if stop % width else b""
@@ -187,6 +189,19 @@ class ReplayChain(KeyChain):
                               + width.to_bytes(8, "little")).digest())
             b0, i = block_end, i + 8
         self._prefix = prefix
+
+
+def _u64_bytes(ids: Sequence[int]) -> bytes:
+    """``ids`` as little-endian uint64s (``np.asarray(ids, "<u8").tobytes()``, without
+    numpy's fixed cost per call, about that of hashing a block); OverflowError for an id
+    outside [0, 2**64) (a trace's ids are checked when it is read)."""
+    words = array("Q", ids)
+    if _BIG_ENDIAN:
+        words.byteswap()
+    return words.tobytes()
+
+
+_BIG_ENDIAN: Final = sys.byteorder == "big"
 
 
 @functools.lru_cache(maxsize=64)
@@ -268,6 +283,7 @@ class RefsPlanner:
         self.block_tokens, self.scope = block_tokens, scope
         self._plans: dict[int, _Plan] = {}
         self._origin = _origin(namespace)
+        self._widths = [(g.tokens_per_chunk, g.lookahead) for g in layout.groups]
 
     def refs(self, req: TraceRequest) -> RequestRefs:
         """Hash one request's stream and list the chunks of its store sets, in store order."""
@@ -276,8 +292,16 @@ class RefsPlanner:
         if plan is None:
             plan = self._plans[top] = _plan(self.layout, top)
         prompt = ReplayChain(self.layout, self.namespace, self.block_tokens, self._origin)
-        prompt.extend_blocks(req.hash_ids, min(req.input_length, top))
-        chain = prompt.fork()  # the stored scope: the prompt hashed once for both
+        num_prompt = min(req.input_length, top)
+        prompt.extend_blocks(req.hash_ids, num_prompt)
+        for gi, chunks in enumerate(plan.per_group):  # the prompt's keys, shared (below)
+            per, lookahead = self._widths[gi]
+            if isinstance(chunks, range) and chunks.start == 0:
+                prompt.keys(gi, range(min(chunks.stop, (num_prompt - lookahead) // per)))
+        # the stored scope: the prompt hashed once for both, and its keys built once, so
+        # that the planner's lookup (of a fork of ``prompt``) and the references read the
+        # same key objects (hashed once, each)
+        chain = prompt.fork()
         assert isinstance(chain, ReplayChain)  # _blank's kind
         chain.extend_blocks(req.hash_ids, top)
         per_group = [chain.keys(gi, chunks) for gi, chunks in enumerate(plan.per_group)]
@@ -300,7 +324,7 @@ def _plan(layout: Layout, top: int) -> _Plan:
         per_group.append(chunks)
         entries.extend((min(top, coverage.store_horizon(layout, gi, c)), gi, c, j)
                        for j, c in enumerate(chunks))
-    entries.sort(key=lambda e: (e[0], e[1], e[2]))
+    entries.sort()  # by horizon, group, chunk: (group, chunk) is distinct, so j never decides
     order = tuple((e[1], e[3]) for e in entries)
     concatenated = tuple((gi, j) for gi, ks in enumerate(per_group) for j in range(len(ks)))
     return _Plan(tuple(per_group), tuple(e[1] for e in entries), tuple(e[2] for e in entries),
