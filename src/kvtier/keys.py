@@ -144,10 +144,12 @@ class KeyChain:
         self._drafts: dict[tuple[int, int], ChunkKey] = {}  # draft groups' keys, once hashed
         self._built: list[list[ChunkKey]] = [[] for _ in layout.groups]
         self._spine: list[bytes] = []
-        self._hash, self._pad = start.hash.copy(), start.pad
         # the C loop's state when kvtier._native is there now (a test takes it away)
         self._state = (bytearray(start.state) if start.state is not None and _native is not None
                        else None)
+        # the running hash, fed only where there is no C state (else the start's, never fed)
+        self._hash = start.hash.copy() if self._state is None else start.hash
+        self._pad = start.pad
         self._origin: tuple[KeyChain, int] | None = None
         """The chain this one is a fork of and its tokens then (``continues``)."""
         if type(tokens) is not tuple or tokens:  # () (a fork's blank): nothing to convert
@@ -169,7 +171,7 @@ class KeyChain:
         twin._drafts = dict(self._drafts)
         twin._built = [built.copy() for built in self._built]
         twin._spine = self._spine.copy()
-        twin._hash = self._hash.copy()
+        twin._hash = self._hash.copy() if self._state is None else self._hash
         twin._state = None if self._state is None else bytearray(self._state)
         origin = self._origin
         twin._origin = (origin if origin is not None and origin[1] == self.num_tokens
