@@ -112,3 +112,27 @@ def test_a_request_larger_than_the_store_is_not_retryable() -> None:
     refused = store.prepare_store(keys("abc"))
     assert isinstance(refused, StoreRefusal) and not refused.retryable
     assert "has only 2" in refused.reason and store.num_free == 2
+
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_a_load_naming_a_key_twice_pins_it_until_it_completes(asked: bool) -> None:
+    """A lone load's pins are counted from its handle when first asked (``asked``: before
+    a second load comes); a key it names twice counts once per mention, so releasing it
+    while the second load is live leaves exactly that load's key pinned."""
+    store = ChunkStore(2)
+    store_ok(store, keys("ab"))
+    twice = store.prepare_load(keys("aab"))
+    if asked:
+        assert store.num_pinned == 2
+    other = store.prepare_load(keys("b"))
+    assert isinstance(store.prepare_store(keys("c")), StoreRefusal)  # a and b pinned
+    store.complete_load(twice)
+    assert store.num_pinned == 1
+    handle = store.prepare_store(keys("c"))  # a is free again, b is not
+    assert isinstance(handle, StoreHandle)
+    store.complete_store(handle, ok=True)
+    assert [s.value for s in store.lookup(keys("abc"))] == ["absent", "pinned", "ready"]
+    store.complete_load(other)
+    assert store.num_pinned == 0
+    store.check_invariants()

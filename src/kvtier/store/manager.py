@@ -250,9 +250,12 @@ class ChunkStore:
             skipped: tuple[ChunkKey, ...] = ()
             if slots.keys().isdisjoint(ks):  # the common case, checked at C speed
                 new = ks
-            else:
-                new = [k for k in ks if k not in slots]
-                skipped = tuple([k for k in ks if k in slots])
+            else:  # one pass: each key looked up once
+                new = []
+                held: list[ChunkKey] = []
+                for k in ks:
+                    (held if k in slots else new).append(k)
+                skipped = tuple(held)
             offers = None if promote else self._offers
             declined: list[ChunkKey]
             offered, declined = new, []  # declined: offered keys admission holds back
@@ -311,7 +314,9 @@ class ChunkStore:
                 short, 0, retryable=False,
             )
         pinned = self._pinned().keys()
-        protected = pinned | offered if offered else pinned
+        # offered keys the store holds are most often pinned too (a request holds the
+        # chunks it reads): no union made then
+        protected = (pinned if all([k in pinned for k in offered]) else pinned | offered)
         victims = cast("list[ChunkKey] | None", self.policy.victims(short, protected))
         if victims is None:
             evictable = self.policy.num_unprotected(protected)

@@ -36,6 +36,13 @@ class PinCounts:
         """Live loads per pinned key, counted from the live load handles if not yet."""
         if self._pins is None:
             counts: dict[ChunkKey, int] = {}  # a plain loop: Counter's counting is interpreted
+            if len(loads) == 1:  # the lone load: one pin each, unless it names a key twice
+                (h,) = loads.values()
+                counts = dict.fromkeys(h.keys, 1)
+                if len(counts) == len(h.keys):
+                    self._pins = counts
+                    return counts
+                counts = {}
             for h in loads.values():
                 for k in h.keys:
                     counts[k] = counts.get(k, 0) + 1
