@@ -113,8 +113,10 @@ class Planner:
 
     def _count(self, req: RequestState | None, name: str, n: int = 1) -> None:
         """The one place counters change: the request's and the planner's totals."""
-        targets = [self.metrics] if req is None else [self.metrics, req.metrics]
-        for m in targets:
+        m = self.metrics
+        setattr(m, name, getattr(m, name) + n)
+        if req is not None:  # written out: no list made per count (several per request)
+            m = req.metrics
             setattr(m, name, getattr(m, name) + n)
 
     # ---- lookup ------------------------------------------------------------------------
@@ -283,8 +285,11 @@ class Planner:
             return
         self._count(req, "chunks_offered", len(chunks))
         by_group: dict[int, int] = {}  # a plain loop: Counter's counting is interpreted
-        for gi, _ in chunks:
-            by_group[gi] = by_group.get(gi, 0) + 1
+        if len(self.layout.groups) == 1:  # one group: every chunk is its
+            by_group[0] = len(chunks)
+        else:
+            for gi, _ in chunks:
+                by_group[gi] = by_group.get(gi, 0) + 1
         for m in (self.metrics, req.metrics):
             for gi, n in by_group.items():
                 m.chunks_offered_by_group[gi] = m.chunks_offered_by_group.get(gi, 0) + n

@@ -57,6 +57,8 @@ class Background:
 
     def flush(self, timeout_s: float | None = 30.0) -> bool:
         """Wait until nothing tracked is in flight; False on timeout."""
+        if not self._pending:  # nothing started (a replay asks before every request)
+            return True
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             with self._lock:
