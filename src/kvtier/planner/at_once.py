@@ -11,6 +11,8 @@ block table they would need (tested equal to the two-step calls).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from kvtier.keys import ChunkKey
 from kvtier.planner.binding import _subsequence
 from kvtier.planner.planner import Planner
@@ -20,6 +22,8 @@ from kvtier.store.results import StoreRefusal
 
 class AtOncePlanner(Planner):
     """``Planner`` plus stores and loads completed within the call (module docstring)."""
+
+    READY_FIRST: ClassVar[bool] = True  # a replay's largest candidate is its block hit
 
     def store_at_once(self, request_id: str, horizon: int) -> list[tuple[int, int]]:
         """``on_computed(request_id, horizon, table)`` over a table holding every block,

@@ -30,6 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import ClassVar
 
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Layout
@@ -37,7 +38,7 @@ from kvtier.planner import lookup
 from kvtier.planner.binding import BlockTable, ChunkBinder
 from kvtier.planner.jobs import JobBook
 from kvtier.planner.requests import PendingHit, RequestState, check_computed, extended, prompt_chain
-from kvtier.planner.serving import DenseChunks, ServedChunks, new_chunks, shared_point
+from kvtier.planner.serving import DenseChunks, ServedChunks, add_offered, new_chunks, shared_point
 from kvtier.planner.types import LoadResult, Lookup, Metrics, Outcome, RequestLimits, TransferJob
 from kvtier.store.manager import ChunkStore
 from kvtier.store.protocol import StoreProtocol
@@ -51,6 +52,8 @@ class Planner:
     answers WAIT before taking the largest hit that is ready. One lock guards all state:
     the scheduler thread and transfer completions may call concurrently.
     """
+
+    READY_FIRST: ClassVar[bool] = False  # over a ChunkStore too, ready_at before the walk
 
     def __init__(
         self,
@@ -77,6 +80,7 @@ class Planner:
         self._served = ServedChunks(layout)
         # a ChunkStore's lookup changes nothing: spans of KeyChain's keys (assess_at_once)
         self._states = store.lookup_checked if type(store) is ChunkStore else None
+        self._ready_first = self._states is None or self.READY_FIRST
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -113,10 +117,7 @@ class Planner:
 
     def _count(self, req: RequestState | None, name: str, n: int = 1) -> None:
         """The one place counters change: the request's and the planner's totals."""
-        m = self.metrics
-        setattr(m, name, getattr(m, name) + n)
-        if req is not None:  # written out: no list made per count (several per request)
-            m = req.metrics
+        for m in (self.metrics,) if req is None else (self.metrics, req.metrics):
             setattr(m, name, getattr(m, name) + n)
 
     # ---- lookup ------------------------------------------------------------------------
@@ -146,16 +147,18 @@ class Planner:
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
         loading = self._jobs.loading()
+        states = self.store.lookup if self._states is None else self._states
+        if self._ready_first:  # the largest candidate first, then the walk
+            whole = lookup.ready_at(self.layout, req.chain, candidates[0], on_device,
+                                    states, loading, ranges)
+            if whole is not None:  # the largest hit, all ready: nothing else to look up
+                return self._pin_hit(req, candidates[0], on_device, whole)
         if self._states is not None:
             avail = lookup.assess_at_once(self.layout, req.chain, candidates, on_device,
                                           self._states, loading, ranges)
         else:  # a store whose lookup promotes or probes: asked in the walk's order
-            whole = lookup.ready_at(self.layout, req.chain, candidates[0], on_device,
-                                    self.store.lookup, loading, ranges)
-            if whole is not None:  # the largest hit, all ready: nothing else to look up
-                return self._pin_hit(req, candidates[0], on_device, whole)
             avail = lookup.assess(self.layout, req.chain, candidates, on_device,
-                                  self.store.lookup, loading, ranges)
+                                  states, loading, ranges)
         best = avail.best_ready
         if avail.best_soon > best:
             now = self.clock()
@@ -284,15 +287,7 @@ class Planner:
         if not chunks:  # most decoding steps
             return
         self._count(req, "chunks_offered", len(chunks))
-        by_group: dict[int, int] = {}  # a plain loop: Counter's counting is interpreted
-        if len(self.layout.groups) == 1:  # one group: every chunk is its
-            by_group[0] = len(chunks)
-        else:
-            for gi, _ in chunks:
-                by_group[gi] = by_group.get(gi, 0) + 1
-        for m in (self.metrics, req.metrics):
-            for gi, n in by_group.items():
-                m.chunks_offered_by_group[gi] = m.chunks_offered_by_group.get(gi, 0) + n
+        add_offered((self.metrics, req.metrics), chunks, len(self.layout.groups))
         req.pending.extend(chunks)
 
     def _store_pending(self, req: RequestState, block_table: BlockTable) -> TransferJob | None:

@@ -21,7 +21,23 @@ from kvtier import boundaries, coverage
 from kvtier.keys import ChunkKey, KeyChain
 from kvtier.layout import Layout
 from kvtier.planner.requests import RequestState
+from kvtier.planner.types import Metrics
 from kvtier.store.results import ChunkState
+
+
+def add_offered(totals: tuple[Metrics, ...], chunks: list[tuple[int, int]],
+                num_groups: int) -> None:
+    """Count ``chunks`` (group, chunk) in each of ``totals``' ``chunks_offered_by_group``
+    (a plain loop: Counter's counting is interpreted; one group's are all of them)."""
+    counts: dict[int, int] = {}
+    if num_groups == 1:
+        counts[0] = len(chunks)
+    else:
+        for gi, _ in chunks:
+            counts[gi] = counts.get(gi, 0) + 1
+    for m in totals:
+        for gi, n in counts.items():
+            m.chunks_offered_by_group[gi] = m.chunks_offered_by_group.get(gi, 0) + n
 
 
 def new_chunks(layout: Layout, req: RequestState, cap: int, dense: DenseChunks,

@@ -119,7 +119,11 @@ class Driver:
         clock: Callable[[], float] | None = None, plane: DataPlane | None = None,
     ) -> None:
         self.config, self.layout, self.store, self.plane = config, config.layout, store, plane
-        self.planner = AtOncePlanner(config.layout, store, replay_namespace(config.layout),
+        # over host memory alone, a metadata replay's planner asks the host store itself:
+        # the tiered store above it then only passes calls through and keeps stats that
+        # only a --bytes replay reads (its events reach the driver from the host store)
+        planned = store.host if not store.lower and plane is None else store
+        self.planner = AtOncePlanner(config.layout, planned, replay_namespace(config.layout),
                                      clock=clock or time.monotonic)
         slots = store.tier_slots()
         self.stats = ReplayStats(policy, slots, [GroupCounts.of(g) for g in config.layout.groups])

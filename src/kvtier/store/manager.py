@@ -314,9 +314,7 @@ class ChunkStore:
                 short, 0, retryable=False,
             )
         pinned = self._pinned().keys()
-        # offered keys the store holds are most often pinned too (a request holds the
-        # chunks it reads): no union made then
-        protected = (pinned if all([k in pinned for k in offered]) else pinned | offered)
+        protected = pinned | offered if offered else pinned
         victims = cast("list[ChunkKey] | None", self.policy.victims(short, protected))
         if victims is None:
             evictable = self.policy.num_unprotected(protected)

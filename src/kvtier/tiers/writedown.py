@@ -105,18 +105,23 @@ class WriteDown:
 
     def send(self) -> None:
         """One batch to the next tier (write-back) or to every tier (write-through)."""
+        if not self._outbox:  # nothing copied (most calls); a copy made meanwhile by
+            return  # another thread is sent by that thread's own send, which follows it
         with self._lock:
             items, self._outbox = self._outbox, []
-            if not items:
-                return
-            if self.write_policy == "write-through":
-                for tier in self.lower:
-                    self._background.track(tier.put_async(items))
-                return
-            keys = [k for k, _ in items]
-            self._going_down.update(keys)
-            self._background.track(self.lower[0].put_async(items),
-                                   lambda _: self._landed(keys))
+            if items:
+                self._send(items)
+
+    def _send(self, items: list[Item]) -> None:
+        """``send``'s batch, under the lock (a function of its own: the callback below
+        is a closure, which the compiled build makes an object for at every call)."""
+        if self.write_policy == "write-through":
+            for tier in self.lower:
+                self._background.track(tier.put_async(items))
+            return
+        keys = [k for k, _ in items]
+        self._going_down.update(keys)
+        self._background.track(self.lower[0].put_async(items), lambda _: self._landed(keys))
 
     def unsent(self) -> int:
         """Chunks copied but not sent down (zero between calls: ``check_invariants``)."""
