@@ -85,7 +85,9 @@ def candidate_hits(
     low = bisect_right(hits, on_device)
     high = len(hits) if max_load_tokens is None else bisect_right(
         hits, on_device + max_load_tokens)
-    return hits[low:high][::-1]
+    if high <= low:
+        return []
+    return hits[high - 1 : low - 1 : -1] if low else hits[high - 1 :: -1]  # one copy
 
 
 def ready_at(

@@ -78,9 +78,9 @@ class Planner:
         self._load_ranges = lookup.LoadRanges(layout)
         self._dense = DenseChunks(layout)
         self._served = ServedChunks(layout)
+        self._hits: dict[int, list[int]] = {}  # consumer hits per token count (requests')
         # a ChunkStore's lookup changes nothing: spans of KeyChain's keys (assess_at_once)
         self._states = store.lookup_checked if type(store) is ChunkStore else None
-        self._ready_first = self._states is None or self.READY_FIRST
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -141,17 +141,17 @@ class Planner:
 
     def _decide(self, req: RequestState, on_device: int) -> Lookup:
         # every token known may have stored KV: a resumed request's output too
-        ranges, hits = self._load_ranges, req.consumer_hits(self.layout)
+        ranges, hits = self._load_ranges, req.consumer_hits(self.layout, self._hits)
         candidates = lookup.candidate_hits(self.layout, req.chain.num_tokens, on_device,
                                            req.limits.max_load_tokens, hits)
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
         loading = self._jobs.loading()
         states = self.store.lookup if self._states is None else self._states
-        if self._ready_first:  # the largest candidate first, then the walk
-            whole = lookup.ready_at(self.layout, req.chain, candidates[0], on_device,
-                                    states, loading, ranges)
-            if whole is not None:  # the largest hit, all ready: nothing else to look up
+        if self._states is None or self.READY_FIRST:  # the largest candidate, then the walk
+            whole = lookup.ready_at(self.layout, req.chain, candidates[0], on_device, states,
+                                    loading, ranges)  # the largest hit, all ready: no more
+            if whole is not None:
                 return self._pin_hit(req, candidates[0], on_device, whole)
         if self._states is not None:
             avail = lookup.assess_at_once(self.layout, req.chain, candidates, on_device,

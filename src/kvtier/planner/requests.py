@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Final, cast
 
 from kvtier import coverage
 from kvtier.coverage import BlockRun
@@ -13,6 +13,8 @@ from kvtier.layout import Group, Layout
 from kvtier.planner.types import Lookup, Metrics, RequestLimits
 from kvtier.store.results import LoadHandle
 
+MAX_KNOWN_HITS: Final = 4096
+"""Token counts whose consumer hits a planner keeps (``RequestState.consumer_hits``)."""
 
 @dataclass
 class PendingHit:
@@ -83,12 +85,18 @@ class RequestState:
             cap = min(cap, self.limits.max_store_tokens)
         return cap
 
-    def consumer_hits(self, layout: Layout) -> list[int]:
+    def consumer_hits(self, layout: Layout, known: dict[int, list[int]]) -> list[int]:
         """``coverage.consumer_hits`` of the tokens known, found again only when they
-        changed: a request looked up again after waiting reuses them."""
+        changed: a request looked up again after waiting reuses them. ``known``: the
+        planner's, per token count, shared by its requests (never changed once made)."""
         if self.hits_for != self.chain.num_tokens:
-            self.hits_for = self.chain.num_tokens
-            self.hits = coverage.consumer_hits(layout, self.hits_for)
+            self.hits_for = n = self.chain.num_tokens
+            hits = known.get(n)
+            if hits is None:
+                if len(known) >= MAX_KNOWN_HITS:
+                    known.clear()
+                hits = known[n] = coverage.consumer_hits(layout, n)
+            self.hits = hits
         return self.hits
 
     @property

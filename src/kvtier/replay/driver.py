@@ -137,6 +137,7 @@ class Driver:
         self._hits = HitPlans()  # block_hit's plans
         self._limits: dict[int, RequestLimits] = {}  # per block hit (frozen: shared)
         self._cold: dict[int, float] = {}  # modelled TTFT without the cache, per prompt length
+        self._dense: dict[int, list[int]] = {}  # per stored scope: each group's dense chunks
         self._ttft = config.timing.arithmetic()
 
     def _cold_ttft(self, prompt: int) -> float:
@@ -257,22 +258,33 @@ class Driver:
         s.prompt_tokens += req.input_length
         s.block_refs += len(req.hash_ids)
         s.block_hits += reach // self.config.block_tokens
-        for gi, group in enumerate(self.layout.groups):
-            s.groups[gi].dense += coverage.dense_chunks(group, refs.store_tokens)
+        dense = self._dense.get(refs.store_tokens)
+        if dense is None:  # the same for every request storing as many tokens
+            if len(self._dense) >= 1 << 16:
+                self._dense.clear()
+            dense = self._dense[refs.store_tokens] = [
+                coverage.dense_chunks(g, refs.store_tokens) for g in self.layout.groups]
+        for counts, n in zip(s.groups, dense):  # noqa: B905  (one per group)
+            counts.dense += n
 
     def _count_load(self, keys: list[list[ChunkKey]], hit_tokens: int) -> dict[str, int]:
         """Count a hit that loaded ``keys`` (per group): bytes per tier."""
         s, per_chunk, promoted = self.stats, self._group_bytes, self.store.promoted
         s.hit_requests += 1
         s.hit_tokens += hit_tokens
+        if not promoted:  # every chunk from host memory (always, without a lower tier)
+            chunks = nbytes = 0
+            for gi, group_keys in enumerate(keys):
+                s.groups[gi].loaded += len(group_keys)
+                chunks += len(group_keys)
+                nbytes += per_chunk[gi] * len(group_keys)
+            if chunks:
+                s.add_load(HOST, chunks, nbytes)
+            return {HOST: nbytes, DISK: 0}
         by_tier: dict[str, int] = {HOST: 0, DISK: 0}
         counts: dict[str, int] = {}
         for gi, group_keys in enumerate(keys):
             s.groups[gi].loaded += len(group_keys)
-            if not promoted:  # every chunk from host memory
-                counts[HOST] = counts.get(HOST, 0) + len(group_keys)
-                by_tier[HOST] += per_chunk[gi] * len(group_keys)
-                continue
             for key in group_keys:
                 tier = promoted.get(key, HOST)
                 counts[tier] = counts.get(tier, 0) + 1

@@ -45,6 +45,10 @@ class HitPlans:
     def __init__(self) -> None:
         self.plans: dict[tuple[int, tuple[int, ...], tuple[int, ...]], HitPlan] = {}
         self.bounds: dict[int, Bound] = {}
+        self.last: dict[int, HitPlan] = {}
+        """The plan last used per stored scope, found again when a request's references
+        are the very tuples it was made for (``RefsPlanner`` shares them): no tuple of a
+        chunk per reference hashed per request."""
 
     def bound(self, layout: Layout, b: int) -> Bound:
         known = self.bounds.get(b)
@@ -60,12 +64,17 @@ def block_hit(
     (``""``: absent). ``cache`` keeps the ``HitPlan`` of each list of references across
     requests (the replay's share one per stored scope; a fleet's probe truncates some)."""
     cache = HitPlans() if cache is None else cache
-    key = (refs.store_tokens, refs.groups, refs.chunks)
-    plan = cache.plans.get(key)
-    if plan is None:
-        plan = HitPlan(layout, refs, cache)
-        if len(cache.plans) < MAX_HIT_PLANS:
-            cache.plans[key] = plan
+    plan = cache.last.get(refs.store_tokens)
+    if plan is None or plan.groups is not refs.groups or plan.chunks is not refs.chunks:
+        key = (refs.store_tokens, refs.groups, refs.chunks)
+        plan = cache.plans.get(key)
+        if plan is None:
+            plan = HitPlan(layout, refs, cache)
+            if len(cache.plans) < MAX_HIT_PLANS:
+                cache.plans[key] = plan
+        if len(cache.last) >= MAX_HIT_PLANS:
+            cache.last.clear()
+        cache.last[refs.store_tokens] = plan
     return plan.hit(where)
 
 
@@ -76,6 +85,7 @@ class HitPlan:
 
     def __init__(self, layout: Layout, refs: RequestRefs, cache: HitPlans) -> None:
         num_groups, n = len(layout.groups), len(refs.groups)
+        self.groups, self.chunks = refs.groups, refs.chunks  # what it was made for
         self.bounds: list[int] = list(coverage.admissible_boundaries(layout,
                                                                      refs.store_tokens)[::-1])
         infos = [cache.bound(layout, b) for b in self.bounds]

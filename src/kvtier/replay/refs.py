@@ -33,6 +33,7 @@ import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Final, Literal
 
 import numpy as np
@@ -315,6 +316,13 @@ class RefsPlanner:
 def _plan(layout: Layout, top: int) -> _Plan:
     """The store order of every chunk of every group's store set up to ``top`` tokens:
     by horizon, then group, then chunk."""
+    if len(layout.groups) == 1:  # one group: its chunks in order, if their horizons are
+        ranges = coverage.store_set(layout, 0, top).ranges
+        chunks = range(*ranges[0]) if len(ranges) == 1 else [c for r in ranges
+                                                               for c in range(*r)]
+        horizons = [min(top, coverage.store_horizon(layout, 0, c)) for c in chunks]
+        if all(a <= b for a, b in pairwise(horizons)):
+            return _Plan((chunks,), (0,) * len(chunks), tuple(chunks), tuple(horizons), None)
     per_group: list[range | list[int]] = []
     entries: list[tuple[int, int, int, int]] = []
     for gi in range(len(layout.groups)):
