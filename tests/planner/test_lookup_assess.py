@@ -104,3 +104,24 @@ def test_a_walk_down_a_window_takes_fewer_store_lookups_at_once() -> None:
     assert walked_calls > 20 and at_once_calls <= 6
     # negative control: the comparison sees one more absent chunk (the full group's chunk 3)
     assert _window_walk(assess_at_once, absent | {(0, 3)})[0] == (48, 48, 48) != at_once
+
+
+@settings(max_examples=400, deadline=None)
+@given(layout=layouts(), n=st.integers(0, 400), on_device=st.integers(0, 420),
+       max_load=st.none() | st.integers(0, 420))
+def test_candidates_are_the_consumer_hits_in_range_largest_first(
+        layout: Layout, n: int, on_device: int, max_load: int | None) -> None:
+    """Found from the admissible boundaries without listing every consumer hit, they are
+    exactly ``coverage.consumer_hits`` past ``on_device`` and within ``max_load`` of it."""
+    hits = coverage.consumer_hits(layout, n)
+    want = [h for h in reversed(hits)
+            if h > on_device and (max_load is None or h <= on_device + max_load)]
+    assert candidate_hits(layout, n, on_device, max_load) == want
+    assert candidate_hits(layout, n, on_device, max_load, hits) == want
+
+
+def test_a_whole_prompt_hit_that_repeats_its_predecessor_is_not_a_second_candidate() -> None:
+    one = Layout((Group("full", 1),))  # boundaries 1..5; the last restores 4 tokens
+    assert coverage.consumer_hits(one, 5) == [1, 2, 3, 4]
+    assert candidate_hits(one, 5, 0, None) == [4, 3, 2, 1]
+    assert candidate_hits(one, 5, 2, 2) == [4, 3]

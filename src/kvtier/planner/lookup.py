@@ -74,20 +74,25 @@ def _of(layout: Layout, ranges: LoadRanges | None) -> LoadRanges:
 
 def candidate_hits(
     layout: Layout, num_tokens: int, on_device: int, max_load_tokens: int | None,
-    hits: list[int] | None = None,
+    hits: Sequence[int] | None = None,
 ) -> list[int]:
     """The hits a consumer knowing ``num_tokens`` tokens may take past ``on_device`` (and
     within ``max_load_tokens`` of it), largest first: ``coverage.consumer_hits``. Example:
     granularity 64, 256 tokens, nothing on device: [255, 192, 128, 64]. ``hits``: those
-    consumer hits, if known already."""
-    if hits is None:
-        hits = coverage.consumer_hits(layout, num_tokens)
+    consumer hits, if known already (else found without listing them all: a long prompt
+    has hundreds, of which a lookup bounded by ``max_load_tokens`` wants a few)."""
+    top = None if max_load_tokens is None else on_device + max_load_tokens
+    out: list[int] = []
+    if hits is None:  # consumer_hits: the admissible boundaries (a range), but maybe the last
+        hits = coverage.admissible_boundaries(layout, num_tokens, num_tokens)
+        if hits and (h := coverage.consumer_hit(hits[-1], num_tokens)) != hits[-1]:
+            hits = hits[:-1]
+            if h > max(0, on_device, hits[-1] if hits else 0) and (top is None or h <= top):
+                out.append(h)  # the whole-prompt hit, largest (when above its predecessor)
     low = bisect_right(hits, on_device)
-    high = len(hits) if max_load_tokens is None else bisect_right(
-        hits, on_device + max_load_tokens)
-    if high <= low:
-        return []
-    return hits[high - 1 : low - 1 : -1] if low else hits[high - 1 :: -1]  # one copy
+    high = len(hits) if top is None else bisect_right(hits, top)
+    out += hits[low:high][::-1]
+    return out
 
 
 def ready_at(

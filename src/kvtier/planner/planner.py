@@ -78,7 +78,6 @@ class Planner:
         self._load_ranges = lookup.LoadRanges(layout)
         self._dense = DenseChunks(layout)
         self._served = ServedChunks(layout)
-        self._hits: dict[int, list[int]] = {}  # consumer hits per token count (requests')
         # a ChunkStore's lookup changes nothing: spans of KeyChain's keys (assess_at_once)
         self._states = store.lookup_checked if type(store) is ChunkStore else None
 
@@ -141,9 +140,9 @@ class Planner:
 
     def _decide(self, req: RequestState, on_device: int) -> Lookup:
         # every token known may have stored KV: a resumed request's output too
-        ranges, hits = self._load_ranges, req.consumer_hits(self.layout, self._hits)
+        ranges = self._load_ranges
         candidates = lookup.candidate_hits(self.layout, req.chain.num_tokens, on_device,
-                                           req.limits.max_load_tokens, hits)
+                                           req.limits.max_load_tokens)
         if not candidates:
             return Lookup(Outcome.MISS, on_device)
         loading = self._jobs.loading()

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import cast
 
-from kvtier import coverage
 from kvtier.coverage import BlockRun
 from kvtier.keys import ChunkKey, KeyChain, Namespace
 from kvtier.layout import Group, Layout
 from kvtier.planner.types import Lookup, Metrics, RequestLimits
 from kvtier.store.results import LoadHandle
 
-MAX_KNOWN_HITS: Final = 4096
-"""Token counts whose consumer hits a planner keeps (``RequestState.consumer_hits``)."""
 
 @dataclass
 class PendingHit:
@@ -51,9 +48,6 @@ class RequestState:
     pending: list[tuple[int, int]]
     """(group, chunk) planned but not yet handed to a store job (refused: retried)."""
     hit: PendingHit | None
-    hits: list[int]
-    """``coverage.consumer_hits`` at ``hits_for`` tokens known (``consumer_hits``)."""
-    hits_for: int
     load_jobs: set[int]
     store_jobs: set[int]
     wait_deadline: float | None
@@ -66,9 +60,8 @@ class RequestState:
         self.request_id, self.chain, self.num_prompt, self.limits = (
             request_id, chain, num_prompt, limits)
         self.stored_horizon = self.shared_point = 0
-        self.served, self.pending, self.hits = [], [], []
+        self.served, self.pending = [], []
         self.hit = None
-        self.hits_for = -1
         self.load_jobs, self.store_jobs = set(), set()
         self.wait_deadline = None
         self.expired = self.closed = False
@@ -84,20 +77,6 @@ class RequestState:
         if self.limits.max_store_tokens is not None:
             cap = min(cap, self.limits.max_store_tokens)
         return cap
-
-    def consumer_hits(self, layout: Layout, known: dict[int, list[int]]) -> list[int]:
-        """``coverage.consumer_hits`` of the tokens known, found again only when they
-        changed: a request looked up again after waiting reuses them. ``known``: the
-        planner's, per token count, shared by its requests (never changed once made)."""
-        if self.hits_for != self.chain.num_tokens:
-            self.hits_for = n = self.chain.num_tokens
-            hits = known.get(n)
-            if hits is None:
-                if len(known) >= MAX_KNOWN_HITS:
-                    known.clear()
-                hits = known[n] = coverage.consumer_hits(layout, n)
-            self.hits = hits
-        return self.hits
 
     @property
     def idle(self) -> bool:
