@@ -243,8 +243,8 @@ class ChunkStore:
         """
         ks = given = checked_keys(keys)
         hint = parent_hint(ks, parents)
-        if len(ks) > 1:
-            ks = list(dict.fromkeys(ks))
+        if len(ks) > 1 and len(set(ks)) != len(ks):  # a set: half the cost of a dict
+            ks = list(dict.fromkeys(ks))  # a key offered twice counts once, in first place
         with self.lock:
             slots = self._slots
             skipped: tuple[ChunkKey, ...] = ()
