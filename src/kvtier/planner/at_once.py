@@ -6,7 +6,8 @@ no engine blocks and no data plane, and completes every job as soon as it is mad
 ``load_at_once`` is ``accept_hit`` followed by ``complete_load(ok=True)``: the same
 chunks planned by ``kvtier.coverage``, the same store calls in the same order, the same
 counters, without the job, its per-chunk copies, the fences over engine blocks or the
-block table they would need (tested equal to the two-step calls).
+block table they would need (tested equal to the two-step calls). Over a ``ChunkStore``
+the store completes a store itself (``prepare_store(now=True)``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from kvtier.keys import ChunkKey
 from kvtier.planner.binding import _subsequence
 from kvtier.planner.planner import Planner
 from kvtier.planner.requests import check_horizon
+from kvtier.store.manager import ChunkStore
 from kvtier.store.results import StoreRefusal
 
 
@@ -38,7 +40,11 @@ class AtOncePlanner(Planner):
             if not pending:
                 return []
             keys, parents = self._binder.keys_and_parents(req, pending)
-            handle = self.store.prepare_store(keys, parents)
+            store = self.store
+            if type(store) is ChunkStore:  # completed by the store within the call
+                handle = store.prepare_store(keys, parents, now=True)
+            else:
+                handle = store.prepare_store(keys, parents)
             if isinstance(handle, StoreRefusal):
                 self._count(req, "store_refusals")
                 if handle.retryable:
@@ -46,7 +52,8 @@ class AtOncePlanner(Planner):
                 return []
             if handle.declined:
                 self._count(req, "chunks_not_admitted", len(handle.declined))
-            self.store.complete_store(handle, True)
+            if type(store) is not ChunkStore:
+                store.complete_store(handle, True)
             if not handle.keys:
                 return []
             stored = _stored(pending, keys, handle.keys)

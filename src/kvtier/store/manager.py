@@ -230,10 +230,11 @@ class ChunkStore:
 
     def prepare_store(
         self, keys: Iterable[ChunkKey], parents: Sequence[ChunkKey | None] | None = None,
-        *, promote: bool = False,
+        *, promote: bool = False, now: bool = False,
     ) -> StoreHandle | StoreRefusal:
         """Reserve slots for the absent ``keys`` that admission admits, evicting if needed
-        (module docstring).
+        (module docstring). ``now``: and ``complete_store(handle, ok=True)`` within the
+        call (a caller with no bytes to move: the replay), the handle already completed.
 
         ``parents`` (optional, one per key): the key of the chunk before each key in the
         same request and group, or None for a first chunk; a hint that prefix-aware
@@ -274,9 +275,13 @@ class ChunkStore:
             # (a named tuple's own constructor is an interpreted function: tuple.__new__
             # builds the same handle at C speed, once a store and once a load)
             handle = tuple.__new__(StoreHandle, (
-                hid, tuple(new), self._reserve(new), skipped, parents, tuple(declined),
+                hid, tuple(new), self._reserve(new, now), skipped, parents, tuple(declined),
             ))
-            self._stores[hid] = handle
+            if now:  # complete_store's publishing, the slots written ready by _reserve
+                self.policy.on_insert_with_parents(handle.keys, handle.parents)
+                self._events.emit(_STORED, handle.keys, handle.slots)
+            else:
+                self._stores[hid] = handle
             return handle
 
     def complete_store(self, handle: StoreHandle, ok: bool) -> None:
@@ -329,14 +334,15 @@ class ChunkStore:
 
     # ---- the only places counts change -------------------------------------------------
 
-    def _reserve(self, keys: list[ChunkKey]) -> tuple[int, ...]:
-        """absent -> writing: a slot each."""
+    def _reserve(self, keys: list[ChunkKey], ready: bool = False) -> tuple[int, ...]:
+        """absent -> writing: a slot each (``ready``: absent -> ready, published at once)."""
         slots = self._alloc.allocate_many(len(keys))
         held = self._slots
         # one slot per key; a bare zip, which mypyc compiles into a loop (not with strict=)
         for k, slot in zip(keys, slots):  # noqa: B905
-            held[k] = ~slot
-        self._num_writing += len(keys)
+            held[k] = slot if ready else ~slot
+        if not ready:
+            self._num_writing += len(keys)
         return tuple(slots)
 
     def _publish(self, handle: StoreHandle) -> None:
