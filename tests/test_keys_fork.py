@@ -145,3 +145,55 @@ def test_the_planner_refuses_a_chain_that_does_not_continue_the_requests():
         p.append_tokens("a", unrelated)
     p.append_tokens("a", range(40, 64))  # the request is unharmed
     assert p.on_computed("a", 64, [[*range(4)], [*range(16)]]) is not None
+
+
+@pytest.mark.parametrize("layout", [PLAIN, DRAFT])
+def test_a_frozen_chain_refuses_tokens_and_its_forks_take_them(layout):
+    chain = KeyChain(layout, NS, range(30))
+    before = all_keys(chain)
+    chain.freeze()
+    with pytest.raises(ValueError, match="frozen"):
+        chain.extend(range(30, 40))
+    assert chain.frozen and chain.num_tokens == 30 and all_keys(chain) == before
+    twin = chain.fork()
+    twin.extend(range(30, 70))
+    assert not twin.frozen
+    assert all_keys(twin) == all_keys(KeyChain(layout, NS, range(70)))
+
+
+def test_a_frozen_replay_chain_refuses_blocks():
+    from kvtier.replay.refs import ReplayChain, replay_namespace, token_stream
+
+    layout = Layout((Group("full", 16),))
+    chain = ReplayChain(layout, replay_namespace(layout), 16)
+    chain.extend_blocks((3, 4), 20)
+    chain.freeze()
+    for extend in (lambda: chain.extend_blocks((3, 4), 32),
+                   lambda: chain.extend(token_stream((3, 4), 16)[20:32])):
+        with pytest.raises(ValueError, match="frozen"):
+            extend()
+    assert chain.num_tokens == 20
+
+
+@pytest.mark.parametrize("rest", ["tokens", "chain"])
+def test_the_planner_takes_a_frozen_chain_and_forks_it_only_to_extend_it(rest):
+    """A frozen prompt chain is the request's own until the request grows: tokens given
+    to ``append_tokens`` extend a fork (the caller's chain is unchanged), a chain that
+    continues it replaces it. Either way the keys stored are those of the tokens."""
+    tokens = list(range(64))
+    prompt = KeyChain(PLAIN, NS, tokens[:40])
+    whole = prompt.fork()
+    whole.extend(tokens[40:])
+    prompt.freeze()
+    p = planner()
+    p.add_request("a", prompt)
+    p.append_tokens("a", tokens[40:] if rest == "tokens" else whole)
+    job = p.on_computed("a", 64, [[*range(4)], [*range(16)]])
+    assert job is not None
+    p.complete_store(job.id, True)
+    p.finish("a")
+    assert prompt.num_tokens == 40 and prompt.frozen
+    p.add_request("b", [*tokens, 99])
+    assert p.lookup("b", 0).hit_tokens == 64
+    p.add_request("c", [*(t + 1 for t in tokens), 99])  # the negative control
+    assert p.lookup("c", 0).outcome is Outcome.MISS

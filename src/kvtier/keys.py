@@ -152,6 +152,7 @@ class KeyChain:
         self._pad = start.pad
         self._origin: tuple[KeyChain, int] | None = None
         """The chain this one is a fork of and its tokens then (``continues``)."""
+        self._frozen = False
         if type(tokens) is not tuple or tokens:  # () (a fork's blank): nothing to convert
             self.extend(tokens)
 
@@ -178,6 +179,20 @@ class KeyChain:
                         else (self, self.num_tokens))
         return twin
 
+    def freeze(self) -> None:
+        """No more tokens: extending raises ``ValueError`` from now on (a fork may extend),
+        so a planner given this chain takes it as it is (``Planner.add_request``) where
+        it would fork it, and forks it only to extend it."""
+        self._frozen = True
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def _check_open(self) -> None:
+        if self._frozen:
+            raise ValueError("this KeyChain is frozen (KeyChain.freeze): extend a fork of it")
+
     def continues(self, other: KeyChain) -> bool:
         """Whether this chain is ``other`` extended: both are forks of one chain at the same
         length (or this one a fork of ``other``), and ``other`` has not been extended since
@@ -198,6 +213,7 @@ class KeyChain:
 
     def _append(self, data: bytes | memoryview) -> None:
         """``extend`` of tokens already made little-endian uint32 bytes."""
+        self._check_open()
         if not len(data):
             return
         if self._keep and self._segments and len(self._segments[-1]) < _SMALL:

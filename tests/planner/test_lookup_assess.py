@@ -117,7 +117,6 @@ def test_candidates_are_the_consumer_hits_in_range_largest_first(
     want = [h for h in reversed(hits)
             if h > on_device and (max_load is None or h <= on_device + max_load)]
     assert candidate_hits(layout, n, on_device, max_load) == want
-    assert candidate_hits(layout, n, on_device, max_load, hits) == want
 
 
 def test_a_whole_prompt_hit_that_repeats_its_predecessor_is_not_a_second_candidate() -> None:

@@ -74,25 +74,20 @@ def _of(layout: Layout, ranges: LoadRanges | None) -> LoadRanges:
 
 def candidate_hits(
     layout: Layout, num_tokens: int, on_device: int, max_load_tokens: int | None,
-    hits: Sequence[int] | None = None,
 ) -> list[int]:
     """The hits a consumer knowing ``num_tokens`` tokens may take past ``on_device`` (and
-    within ``max_load_tokens`` of it), largest first: ``coverage.consumer_hits``. Example:
-    granularity 64, 256 tokens, nothing on device: [255, 192, 128, 64]. ``hits``: those
-    consumer hits, if known already (else found without listing them all: a long prompt
-    has hundreds, of which a lookup bounded by ``max_load_tokens`` wants a few)."""
+    within ``max_load_tokens`` of it), largest first: ``coverage.consumer_hits``, found from
+    the admissible boundaries (a range) without a list of every one (a long prompt has
+    hundreds). Example: granularity 64, 256 tokens, nothing on device: [255, 192, 128, 64]."""
     top = None if max_load_tokens is None else on_device + max_load_tokens
+    bounds = coverage.admissible_boundaries(layout, num_tokens, num_tokens)
     out: list[int] = []
-    if hits is None:  # consumer_hits: the admissible boundaries (a range), but maybe the last
-        hits = coverage.admissible_boundaries(layout, num_tokens, num_tokens)
-        if hits and (h := coverage.consumer_hit(hits[-1], num_tokens)) != hits[-1]:
-            hits = hits[:-1]
-            if h > max(0, on_device, hits[-1] if hits else 0) and (top is None or h <= top):
-                out.append(h)  # the whole-prompt hit, largest (when above its predecessor)
-    low = bisect_right(hits, on_device)
-    high = len(hits) if top is None else bisect_right(hits, top)
-    out += hits[low:high][::-1]
-    return out
+    if bounds and (h := coverage.consumer_hit(bounds[-1], num_tokens)) != bounds[-1]:
+        bounds = bounds[:-1]  # a whole-prompt hit restores a token less: the largest, if new
+        if h > max(0, on_device, bounds[-1] if bounds else 0) and (top is None or h <= top):
+            out.append(h)
+    high = len(bounds) if top is None else bisect_right(bounds, top)
+    return out + list(bounds[bisect_right(bounds, on_device) : high][::-1])
 
 
 def ready_at(

@@ -89,7 +89,8 @@ def prompt_chain(
     salt: str | None = None,
 ) -> KeyChain:
     """A request's chain: hashed from its prompt's tokens, or a fork of the caller's chain
-    over them (``Planner.add_request``), whose keys must be this planner's: ``ValueError``
+    over them (``Planner.add_request``; the chain itself when it is frozen, as
+    ``KeyChain.freeze`` says), whose keys must be this planner's: ``ValueError``
     unless it was built for the same layout and namespace, ``salt`` as its tenant salt.
     ``ValueError`` for an empty prompt."""
     ns = Namespace(**{**vars(namespace), "tenant_salt": salt}) if salt else namespace
@@ -102,8 +103,8 @@ def prompt_chain(
             "namespace than this planner's; build it as KeyChain(planner.layout, "
             "planner.namespace, prompt), with the request's salt as tenant_salt, or pass "
             "the prompt's tokens")
-    else:
-        chain = prompt.fork()
+    else:  # a frozen chain is never extended: shared until the request extends it
+        chain = prompt if prompt.frozen else prompt.fork()
     if chain.num_tokens == 0:
         raise ValueError(f"request {request_id!r} has an empty prompt")
     return chain
@@ -115,6 +116,8 @@ def extended(request_id: str, chain: KeyChain, more: Iterable[int] | KeyChain) -
     the chain the request was added with, made before the request, then extended: every
     key the two share is equal); ``ValueError`` for a chain that does not."""
     if not isinstance(more, KeyChain):
+        if chain.frozen:  # the caller's (``prompt_chain``): this request's own from now on
+            chain = chain.fork()
         chain.extend(more)
         return chain
     if not more.continues(chain):

@@ -114,6 +114,7 @@ class ReplayChain(KeyChain):
         with no token made (but for draft groups, whose keys read tokens back).
         ValueError if the ids name fewer than ``stop`` tokens."""
         start, width = self.num_tokens, self.block_tokens
+        self._check_open()
         if stop > len(hash_ids) * width:
             raise ValueError(f"ReplayChain.extend_blocks: {len(hash_ids)} ids of {width} "
                              f"tokens name {len(hash_ids) * width} tokens, not {stop}")
@@ -300,9 +301,10 @@ class RefsPlanner:
             if isinstance(chunks, range) and chunks.start == 0:
                 prompt.keys(gi, range(min(chunks.stop, (num_prompt - lookahead) // per)))
         # the stored scope: the prompt hashed once for both, and its keys built once, so
-        # that the planner's lookup (of a fork of ``prompt``) and the references read the
-        # same key objects (hashed once, each)
+        # that the planner's lookup and the references read the same key objects (hashed
+        # once, each); the prompt frozen, so that the planner takes it without a fork
         chain = prompt.fork()
+        prompt.freeze()
         assert isinstance(chain, ReplayChain)  # _blank's kind
         chain.extend_blocks(req.hash_ids, top)
         per_group = [chain.keys(gi, chunks) for gi, chunks in enumerate(plan.per_group)]
