@@ -234,6 +234,32 @@ def consumer_hits(layout: Layout, num_prompt_tokens: int) -> list[int]:
     return out
 
 
+def consumer_hits_between(layout: Layout, num_prompt_tokens: int, low: int, high: int | None
+                          ) -> list[int]:
+    """``[h for h in consumer_hits(layout, num_prompt_tokens) if low < h <= high]`` (no
+    bound for ``high`` None), counted on the admissible boundaries (a range) rather than
+    listed: a long prompt has hundreds, a lookup bounded by a block hit wants a few.
+
+    Example: granularity 64, a 256-token prompt, 64 < h <= 255: [128, 192, 255].
+    """
+    bounds = admissible_boundaries(layout, num_prompt_tokens, num_prompt_tokens)
+    first, step, n = bounds.start, bounds.step, len(bounds)
+    last = first + (n - 1) * step
+    end: list[int] = []  # the whole-prompt hit, restoring a token less: the largest, if new
+    if n and (h := consumer_hit(last, num_prompt_tokens)) != last:
+        n -= 1
+        if h > max(0, low, last - step if n else 0) and (high is None or h <= high):
+            end.append(h)
+    since = _at_most(first, step, n, low)
+    until = n if high is None else _at_most(first, step, n, high)
+    return [*range(first + since * step, first + until * step, step), *end]
+
+
+def _at_most(first: int, step: int, n: int, x: int) -> int:
+    """How many of the ``n`` boundaries ``first, first + step, ..`` are at most ``x``."""
+    return 0 if x < first else min(n, (x - first) // step + 1)
+
+
 def hits_served(layout: Layout, b: int) -> tuple[int, ...]:
     """The hits a producer serving boundary ``b`` stores for, ascending: ``b`` (a consumer
     knowing more tokens), and ``b - 1`` (the whole-prompt hit of a consumer whose tokens

@@ -14,7 +14,7 @@ chunks).
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -23,6 +23,7 @@ from kvtier import coverage
 from kvtier.coverage import ChunkRanges
 from kvtier.keys import ChunkKey, KeyChain
 from kvtier.layout import Group, Layout
+from kvtier.retention import consumer_hits_between
 from kvtier.store.results import ChunkState
 
 
@@ -76,18 +77,10 @@ def candidate_hits(
     layout: Layout, num_tokens: int, on_device: int, max_load_tokens: int | None,
 ) -> list[int]:
     """The hits a consumer knowing ``num_tokens`` tokens may take past ``on_device`` (and
-    within ``max_load_tokens`` of it), largest first: ``coverage.consumer_hits``, found from
-    the admissible boundaries (a range) without a list of every one (a long prompt has
-    hundreds). Example: granularity 64, 256 tokens, nothing on device: [255, 192, 128, 64]."""
+    within ``max_load_tokens`` of it), largest first: ``coverage.consumer_hits``. Example:
+    granularity 64, 256 tokens, nothing on device: [255, 192, 128, 64]."""
     top = None if max_load_tokens is None else on_device + max_load_tokens
-    bounds = coverage.admissible_boundaries(layout, num_tokens, num_tokens)
-    out: list[int] = []
-    if bounds and (h := coverage.consumer_hit(bounds[-1], num_tokens)) != bounds[-1]:
-        bounds = bounds[:-1]  # a whole-prompt hit restores a token less: the largest, if new
-        if h > max(0, on_device, bounds[-1] if bounds else 0) and (top is None or h <= top):
-            out.append(h)
-    high = len(bounds) if top is None else bisect_right(bounds, top)
-    return out + list(bounds[bisect_right(bounds, on_device) : high][::-1])
+    return consumer_hits_between(layout, num_tokens, on_device, top)[::-1]
 
 
 def ready_at(
