@@ -35,6 +35,7 @@ COMPILED = [
     "src/kvtier/replay/driver.py",
     "src/kvtier/replay/hits.py",
     "src/kvtier/replay/refs.py",
+    "src/kvtier/replay/stats.py",
     "src/kvtier/replay/store.py",
     "src/kvtier/replay/ttft.py",
     "src/kvtier/retention.py",

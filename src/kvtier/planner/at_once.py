@@ -58,8 +58,10 @@ class AtOncePlanner(Planner):
                 return []
             stored = _stored(pending, keys, handle.keys)
             per = self._binder._chunk_bytes
-            self._count(req, "chunks_stored", len(stored))
-            self._count(req, "bytes_stored", sum([per[gi] for gi, _ in stored]))
+            nbytes = sum([per[gi] for gi, _ in stored])
+            for m in (self.metrics, req.metrics):  # _count's, by attribute (not by name)
+                m.chunks_stored += len(stored)
+                m.bytes_stored += nbytes
             return stored
 
     def load_at_once(self, request_id: str) -> list[list[ChunkKey]]:
@@ -73,14 +75,15 @@ class AtOncePlanner(Planner):
             self.store.complete_load(hit.handle)
             req.hit = None
             tokens = hit.lookup.hit_tokens - hit.on_device
-            self._count(req, "hit_tokens", tokens)
-            for m in (self.metrics, req.metrics):
+            per = self._binder._chunk_bytes
+            chunks = sum([len(ks) for ks in hit.keys])
+            nbytes = sum([per[gi] * len(ks) for gi, ks in enumerate(hit.keys)])
+            for m in (self.metrics, req.metrics):  # _count's, by attribute (not by name)
+                m.hit_tokens += tokens
                 by_tier = m.hit_tokens_by_tier
                 by_tier[self.tier_name] = by_tier.get(self.tier_name, 0) + tokens
-            per = self._binder._chunk_bytes
-            self._count(req, "chunks_loaded", sum([len(ks) for ks in hit.keys]))
-            self._count(req, "bytes_loaded",
-                        sum([per[gi] * len(ks) for gi, ks in enumerate(hit.keys)]))
+                m.chunks_loaded += chunks
+                m.bytes_loaded += nbytes
             self._maybe_forget(req)
             return hit.keys
 

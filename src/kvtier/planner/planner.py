@@ -115,7 +115,8 @@ class Planner:
             raise ValueError(f"unknown request {request_id!r}; call add_request first") from None
 
     def _count(self, req: RequestState | None, name: str, n: int = 1) -> None:
-        """The one place counters change: the request's and the planner's totals."""
+        """Add ``n`` to counter ``name`` of the request's and the planner's totals (by name;
+        ``AtOncePlanner`` adds its stores' and loads' by attribute)."""
         for m in (self.metrics,) if req is None else (self.metrics, req.metrics):
             setattr(m, name, getattr(m, name) + n)
 
