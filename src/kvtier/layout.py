@@ -204,6 +204,12 @@ class Layout:
         boundary a hit's keys reach (0 when every draft tail is recomputed)."""
         return max((g.lookahead for g in self.groups if g.draft_tail == "stored"), default=0)
 
+    @functools.cached_property
+    def state_chunk_tokens(self) -> tuple[int, ...]:
+        """``tokens_per_chunk`` of each state group (recurrent layers): where a whole-prompt
+        hit must end (``retention.whole_prompt_hit``)."""
+        return tuple(g.tokens_per_chunk for g in self.groups if g.kind == "state")
+
     @property
     def max_bytes_per_chunk(self) -> int | None:
         """The largest chunk of any group: the slot size of a tier, or None without sizes."""

@@ -204,8 +204,7 @@ def whole_prompt_hit(layout: Layout, num_tokens: int) -> bool:
     """
     if layout.max_stored_lookahead or num_tokens < 2:
         return False
-    return all((num_tokens - 1) % g.tokens_per_chunk == 0
-               for g in layout.groups if g.kind == "state")
+    return all(not (num_tokens - 1) % t for t in layout.state_chunk_tokens)
 
 
 def consumer_hit(b: int, num_prompt_tokens: int) -> int:

@@ -5,6 +5,7 @@ its keys must name the same prefixes as a ``KeyChain`` over the request's token 
 from __future__ import annotations
 
 import random
+import struct
 
 import pytest
 from hypothesis import given, settings
@@ -114,9 +115,14 @@ def test_any_block_size_feeding_or_fork_names_the_same_prefixes(layout, block, s
         n = rng.randrange(1, len(stream) + 1)
         cut = rng.randrange(0, n + 1)
         chain = ReplayChain(layout, replay_namespace(layout), block)
-        how = data.draw(st.sampled_from(["ids", "tokens", "ids, fork, tokens", "tokens, ids"]))
+        how = data.draw(st.sampled_from(["ids", "tokens", "ids, fork, tokens", "tokens, ids",
+                                         "packed ids"]))
         if how == "ids":
             chain.extend_blocks(ids, n)
+        elif how == "packed ids":  # the ids packed once by the caller, read twice
+            packed = struct.pack(f"<{len(ids)}Q", *ids)
+            chain.extend_blocks(ids, cut, packed)
+            chain.extend_blocks(ids, n, packed)
         elif how == "tokens":
             chain.extend(stream[:cut])
             chain.extend(stream[cut:n])
@@ -151,3 +157,18 @@ def test_tokens_that_are_not_a_replay_stream_are_refused_and_change_nothing():
     with pytest.raises(ValueError, match="3 ids of 64 tokens name 192 tokens, not 193"):
         chain.extend_blocks(ids, 193)
     assert chain.num_tokens == len(stream)
+
+
+def test_packed_ids_of_the_wrong_length_are_refused_and_change_nothing():
+    layout = llama_3_1_8b()
+    ns = replay_namespace(layout)
+    chain, plain = ReplayChain(layout, ns, BLOCK), ReplayChain(layout, ns, BLOCK)
+    ids = (7, 8, 9, 10)
+    with pytest.raises(ValueError, match="8 per id"):
+        chain.extend_blocks(ids, 2 * BLOCK, struct.pack("<3Q", 7, 8, 9))
+    assert chain.num_tokens == 0
+    packed = struct.pack("<4Q", *ids)
+    chain.extend_blocks(ids, BLOCK + 5, packed)  # then from inside block 1: read at 8 bytes
+    chain.extend_blocks(ids, 4 * BLOCK, packed)  # per id from there
+    plain.extend_blocks(ids, 4 * BLOCK)
+    assert chain.keys(0, range(1)) == plain.keys(0, range(1))

@@ -108,23 +108,29 @@ class ReplayChain(KeyChain):
         twin._head = self._head
         return twin
 
-    def extend_blocks(self, hash_ids: Sequence[int], stop: int) -> None:
+    def extend_blocks(self, hash_ids: Sequence[int], stop: int, packed: bytes | None = None
+                      ) -> None:
         """Extend to ``stop`` tokens of the replay stream of ``hash_ids`` (every block's id
         from block 0): ``extend(token_span(hash_ids, block_tokens, num_tokens, stop))``,
         with no token made (but for draft groups, whose keys read tokens back).
-        ValueError if the ids name fewer than ``stop`` tokens."""
+        ValueError if the ids name fewer than ``stop`` tokens. ``packed``: the ids as
+        little-endian uint64s (``_u64_bytes``), where the caller packed them once."""
         start, width = self.num_tokens, self.block_tokens
         self._check_open()
         if stop > len(hash_ids) * width:
             raise ValueError(f"ReplayChain.extend_blocks: {len(hash_ids)} ids of {width} "
                              f"tokens name {len(hash_ids) * width} tokens, not {stop}")
+        if packed is not None and len(packed) != 8 * len(hash_ids):
+            raise ValueError(f"ReplayChain.extend_blocks: {len(packed)} packed bytes for "
+                             f"{len(hash_ids)} ids; pack 8 per id (or pass none)")
         if stop <= start:
             return
         if self._keep:
             self.extend(token_span(tuple(hash_ids), width, start, stop))
             return
         first, last = start // width, (stop - 1) // width
-        heads = _u64_bytes(hash_ids[first : last + 1])  # = the heads
+        heads = (_u64_bytes(hash_ids[first : last + 1]) if packed is None  # = the heads
+                 else packed[8 * first : 8 * (last + 1)])
         self._num_bytes += 4 * (stop - start)
         self._feed(start, stop, first, heads)
         self._head = heads[-8:][: 4 * min(2, width)] if stop % width else b""
@@ -295,7 +301,8 @@ class RefsPlanner:
             plan = self._plans[top] = _plan(self.layout, top)
         prompt = ReplayChain(self.layout, self.namespace, self.block_tokens, self._origin)
         num_prompt = min(req.input_length, top)
-        prompt.extend_blocks(req.hash_ids, num_prompt)
+        packed = _u64_bytes(req.hash_ids)  # once for both chains
+        prompt.extend_blocks(req.hash_ids, num_prompt, packed)
         for gi, chunks in enumerate(plan.per_group):  # the prompt's keys, shared (below)
             per, lookahead = self._widths[gi]
             if isinstance(chunks, range) and chunks.start == 0:
@@ -306,7 +313,7 @@ class RefsPlanner:
         chain = prompt.fork()
         prompt.freeze()
         assert isinstance(chain, ReplayChain)  # _blank's kind
-        chain.extend_blocks(req.hash_ids, top)
+        chain.extend_blocks(req.hash_ids, top, packed)
         per_group = [chain.keys(gi, chunks) for gi, chunks in enumerate(plan.per_group)]
         keys = (per_group[0] if plan.order is None and len(per_group) == 1 else
                 [k for ks in per_group for k in ks] if plan.order is None else
