@@ -6,7 +6,7 @@ on a hybrid layout with a draft group, small stores (evictions, refusals) and ad
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvtier.keys import KeyChain, Namespace
@@ -101,6 +101,9 @@ def stores(slots: int, admit: int) -> tuple[ChunkStore, ChunkStore]:
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(REQUEST, min_size=1, max_size=12), st.integers(4, 60), st.integers(1, 2))
+# a run where a store reserves only the last keys it is offered (the first ones held)
+@example([(1, 35, 9, 3), (2, 88, 14, 1), (2, 63, 13, 1), (1, 74, 12, 1), (2, 14, 0, 1),
+          (0, 70, 9, 3), (1, 10, 16, 2), (2, 56, 16, 3), (2, 68, 10, 1)], 11, 2)
 def test_at_once_equals_the_two_step_calls(requests: list[tuple[int, int, int, int]],
                                            slots: int, admit: int) -> None:
     a, b = stores(slots, admit)

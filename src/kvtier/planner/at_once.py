@@ -94,6 +94,9 @@ def _stored(pending: list[tuple[int, int]], keys: list[ChunkKey],
     reserved: all of them, or found in order as ``ChunkBinder.copies`` finds them."""
     if len(reserved) == len(keys):
         return pending
+    tail = len(keys) - len(reserved)
+    if tuple(keys[tail:]) == reserved:  # the usual case: the hit's chunks held, then new ones
+        return pending[tail:]
     index = _subsequence(keys, reserved)
     if index is None:  # a store that reordered the keys: found by key
         where = {k: i for i, k in enumerate(keys)}

@@ -50,8 +50,9 @@ def parents_of(offered: list[ChunkKey], hint: list[ChunkKey | None], new: list[C
     """The hint's parents of ``new``, keys of ``offered`` in its order (whose parents
     ``hint`` lists, in order; a key offered twice takes its last parent). ``distinct``:
     no key is offered twice."""
-    if len(new) == len(offered) and new == offered:  # all of them
-        return tuple(hint)
+    tail = len(offered) - len(new)
+    if offered[tail:] == new:  # all of them, or the last ones (the others held already)
+        return tuple(hint[tail:])
     if distinct:  # ``new`` is a subsequence of ``offered``: walked, nothing hashed
         out: list[ChunkKey | None] = []
         j, n = 0, len(new)
