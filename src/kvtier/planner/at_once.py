@@ -59,9 +59,8 @@ class AtOncePlanner(Planner):
             stored = _stored(pending, keys, handle.keys)
             per = self._binder._chunk_bytes
             nbytes = sum([per[gi] for gi, _ in stored])
-            for m in (self.metrics, req.metrics):  # _count's, by attribute (not by name)
-                m.chunks_stored += len(stored)
-                m.bytes_stored += nbytes
+            for m in (self.metrics, req.metrics):
+                m.add_stored(len(stored), nbytes)
             return stored
 
     def load_at_once(self, request_id: str) -> list[list[ChunkKey]]:
@@ -78,12 +77,8 @@ class AtOncePlanner(Planner):
             per = self._binder._chunk_bytes
             chunks = sum([len(ks) for ks in hit.keys])
             nbytes = sum([per[gi] * len(ks) for gi, ks in enumerate(hit.keys)])
-            for m in (self.metrics, req.metrics):  # _count's, by attribute (not by name)
-                m.hit_tokens += tokens
-                by_tier = m.hit_tokens_by_tier
-                by_tier[self.tier_name] = by_tier.get(self.tier_name, 0) + tokens
-                m.chunks_loaded += chunks
-                m.bytes_loaded += nbytes
+            for m in (self.metrics, req.metrics):
+                m.add_loaded(self.tier_name, tokens, chunks, nbytes)
             self._maybe_forget(req)
             return hit.keys
 

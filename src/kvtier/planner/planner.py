@@ -115,8 +115,8 @@ class Planner:
             raise ValueError(f"unknown request {request_id!r}; call add_request first") from None
 
     def _count(self, req: RequestState | None, name: str, n: int = 1) -> None:
-        """Add ``n`` to counter ``name`` of the request's and the planner's totals (by name;
-        ``AtOncePlanner`` adds its stores' and loads' by attribute)."""
+        """Add ``n`` to counter ``name`` of the request's and the planner's totals (a
+        completed load or store: ``Metrics.add_loaded``, ``add_stored``)."""
         for m in (self.metrics,) if req is None else (self.metrics, req.metrics):
             setattr(m, name, getattr(m, name) + n)
 
@@ -256,13 +256,9 @@ class Planner:
             self._count(req, "load_failures")
             self._count(req, "corrupt_chunks_dropped", len(self.store.remove(corrupt)))
             return LoadResult(req.request_id, False, hit.on_device)
-        tokens = hit.lookup.hit_tokens - hit.on_device
-        self._count(req, "hit_tokens", tokens)
+        tokens, nbytes = hit.lookup.hit_tokens - hit.on_device, self._binder.num_bytes(job.copies)
         for m in (self.metrics, req.metrics):
-            by_tier = m.hit_tokens_by_tier
-            by_tier[self.tier_name] = by_tier.get(self.tier_name, 0) + tokens
-        self._count(req, "chunks_loaded", len(job.copies))
-        self._count(req, "bytes_loaded", self._binder.num_bytes(job.copies))
+            m.add_loaded(self.tier_name, tokens, len(job.copies), nbytes)
         return LoadResult(req.request_id, True, hit.lookup.hit_tokens)
 
     # ---- stores ------------------------------------------------------------------------
@@ -324,8 +320,9 @@ class Planner:
             req = self._requests[job.request_id]
             req.store_jobs.discard(job_id)
             if ok:
-                self._count(req, "chunks_stored", len(job.copies))
-                self._count(req, "bytes_stored", self._binder.num_bytes(job.copies))
+                nbytes = self._binder.num_bytes(job.copies)
+                for m in (self.metrics, req.metrics):
+                    m.add_stored(len(job.copies), nbytes)
             else:
                 self._count(req, "store_failures")
             self._maybe_forget(req)

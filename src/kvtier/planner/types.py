@@ -170,6 +170,18 @@ class Metrics:
                                 f"{', '.join(_METRIC_NAMES)}")
             setattr(self, name, value)
 
+    def add_loaded(self, tier: str, tokens: int, chunks: int, nbytes: int) -> None:
+        """A completed load: ``tokens`` restored from ``tier``, ``chunks`` of ``nbytes``."""
+        self.hit_tokens += tokens
+        self.hit_tokens_by_tier[tier] = self.hit_tokens_by_tier.get(tier, 0) + tokens
+        self.chunks_loaded += chunks
+        self.bytes_loaded += nbytes
+
+    def add_stored(self, chunks: int, nbytes: int) -> None:
+        """A completed store of ``chunks`` chunks of ``nbytes`` in all."""
+        self.chunks_stored += chunks
+        self.bytes_stored += nbytes
+
     def add(self, other: Metrics) -> None:
         """Fold ``other`` into this one (request totals into planner totals)."""
         for name, value in other._counters():
