@@ -127,18 +127,20 @@ def newly_served(
     the prompt after store limits, ``num_prompt`` the whole prompt (default: the same).
 
     Examples, granularity 16, ``prompt_end`` 100: ``dense`` from 32 at 70 -> [48, 64];
-    ``end`` at 70 -> [] and at 100 -> [96]; ``shared`` with ``shared=64`` at 100 -> [64, 96].
-    ``prompt_end`` 96: ``end`` at 96 -> [80, 96] and at 128 -> [80, 96, 128].
+    ``end`` at 70 -> [], at 98 -> [96] (before the prompt's end: chunked prefill) and at 100
+    -> [96]; ``shared`` with ``shared=64`` at 100 -> [64, 96]. ``prompt_end`` 96: ``end`` at
+    96 -> [80, 96] and at 128 -> [80, 96, 128].
     """
     check_mode(mode)
     if mode == "dense":
         return [b for b in coverage.admissible_boundaries(layout, horizon) if b > last_served]
     top = last_boundary(layout, horizon)
     fresh = {shared} if mode == "shared" and shared <= top else set()
-    if horizon >= prompt_end:
-        fresh.update(prompt_ends(layout, prompt_end, num_prompt))
-        if horizon > prompt_end:
-            fresh.add(top)
+    # each of the prompt's ends as soon as the horizon admits it: a step of chunked prefill
+    # that ends past it still holds its window, the prompt's last step may not
+    fresh.update(b for b in prompt_ends(layout, prompt_end, num_prompt) if b <= top)
+    if horizon > prompt_end:
+        fresh.add(top)
     return sorted(b for b in fresh if b > last_served)
 
 

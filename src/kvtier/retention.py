@@ -2,14 +2,16 @@
 
 * ``retained(group, b)``: the token interval whose KV the engine keeps to compute position
   ``b`` and beyond (and ``restored``, ``restore_point`` for draft groups whose tail is
-  recomputed);
+  recomputed; ``first_kept_block`` and ``retained_moves_at``, where it frees blocks);
 * the admissible boundaries, and the hits a consumer may take at them
-  (``admissible_boundaries``, ``consumer_hit``, ``whole_prompt_hit``, ``hits_served``).
+  (``admissible_boundaries``, ``admissible_grows_at``, ``consumer_hit``,
+  ``whole_prompt_hit``, ``hits_served``).
 
 ``Span`` (tokens), ``ChunkRanges`` (chunk indices) and ``BlockRun`` (blocks of one chunk)
 are what the contract's answers are made of. Everything derived from these two definitions
 (what a hit requires, what a producer stores, what a consumer loads) is
-``kvtier.coverage``, which re-exports every name here: callers ask ``coverage``.
+``kvtier.coverage``, which re-exports the contract's names (the serving paths' helpers
+are imported from here).
 """
 
 from __future__ import annotations
@@ -147,6 +149,47 @@ def retained(group: Group, b: int) -> Span:
     return Span(b - 1, b)
 
 
+NEVER = 1 << 62
+"""A position no request reaches (``retained_moves_at`` of a group that keeps token 0)."""
+
+
+def first_kept_block(group: Group, b: int) -> int:
+    """The first block the engine may still hold at position ``b``: that of
+    ``retained(group, b)``'s first token, or of ``b`` where it keeps none (every block
+    before is freed). vLLM frees the blocks before it as it schedules a request that has
+    computed ``b`` tokens. Examples: sliding window 32, ``E = 3``, 4-token blocks: block 7
+    at 64 (token 30); chunked local ``C = 16``: block 4 at 16 and at 31."""
+    t = group.tokens_per_block
+    if group.kind == "sliding_window":
+        assert group.window is not None
+        return max(0, b - group.window + 1 - group.extra_retained) // t
+    if group.kind == "chunked_local":
+        assert group.chunk is not None
+        return b // group.chunk * group.chunk // t
+    if group.kind == "state":
+        return max(0, b - 1) // t
+    return 0
+
+
+def retained_moves_at(group: Group, b: int) -> int:
+    """The first position past ``b`` at which ``first_kept_block`` grows, or ``NEVER``
+    (full attention keeps every block). Examples: sliding window 32, ``E = 3``, 4-token
+    blocks: 38 at 10 (block 0 is freed once token 4 is out of the window), 66 at 64;
+    chunked local ``C = 16``, 4-token blocks: 32 at 20."""
+    first, t = first_kept_block(group, b), group.tokens_per_block
+    if group.kind == "sliding_window":
+        assert group.window is not None
+        return (first + 1) * t + group.window - 1 + group.extra_retained
+    if group.kind == "chunked_local":
+        assert group.chunk is not None
+        k = b // group.chunk + 1
+        while k * group.chunk // t <= first:  # chunks smaller than a block
+            k += 1
+        return k * group.chunk
+    if group.kind == "state":
+        return (first + 1) * t + 1
+    return NEVER
+
 def restore_point(group: Group, b: int) -> int:
     """The token up to which a hit at ``b`` restores ``group``'s KV; the engine computes on.
 
@@ -190,6 +233,15 @@ def admissible_boundaries(
         top = min(top, num_prompt_tokens if whole else num_prompt_tokens - 1)
     g = layout.hit_granularity
     return range(g, max(g, top + 1), g)
+
+
+def admissible_grows_at(layout: Layout, count: int) -> int:
+    """The fewest known tokens at which a producer has more than ``count`` admissible
+    boundaries (``admissible_boundaries(layout, n)`` holds more than ``count`` exactly when
+    ``n`` is at least this): the boundary after the ``count``-th, and the stored lookahead
+    past it. Example: granularity 16, no draft layers: 16 tokens for the first boundary, 32
+    for the second."""
+    return (count + 1) * layout.hit_granularity + layout.max_stored_lookahead
 
 
 def whole_prompt_hit(layout: Layout, num_tokens: int) -> bool:

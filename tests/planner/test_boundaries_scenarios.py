@@ -78,18 +78,17 @@ def test_chunked_prefill_defers_sliding_chunks_to_the_prompt_end():
 
 
 @pytest.mark.parametrize("mode", ["end", "shared"])
-def test_a_prefill_step_on_the_last_boundary_still_serves_the_prompt_end(mode: str):
-    """Chunked prefill reports 96 (the last boundary, before the prompt's end at 100), then
-    100: no boundary is passed at 100, but the prompt end is, and it is served."""
+def test_a_prefill_step_past_the_last_boundary_serves_the_prompt_end_at_once(mode: str):
+    """Chunked prefill reports 96 (the prompt's last boundary, before its end at 100), then
+    100: 96's window is stored at 96, while the engine still holds it (by the prompt's
+    last step a window slides past it), and nothing more at 100."""
     h = Harness(LAYOUT)
     p = h.planner
     p.add_request("a", A, limits=RequestLimits(boundaries=mode))  # type: ignore[arg-type]
     first = p.on_computed("a", 96, h.table(100))
-    assert first is not None and loaded(first) == {0: [0, 1, 2, 3, 4, 5]}
+    assert first is not None and loaded(first) == {0: [0, 1, 2, 3, 4, 5], 1: [5]}
     p.complete_store(first.id, True)
-    second = p.on_computed("a", 100, h.table(100))
-    assert second is not None and loaded(second) == {1: [5]}
-    p.complete_store(second.id, True)
+    assert p.on_computed("a", 100, h.table(100)) is None
     p.finish("a")
     assert run(h, "a2", A, mode)[0] == 96  # the same prompt again hits at its end
 

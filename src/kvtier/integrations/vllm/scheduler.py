@@ -109,8 +109,8 @@ class ConnectorScheduler:
         self.changes += 1
         self.planner.add_request(request_id, prompt, salt=salt, limits=self._limits)
         empty: list[list[int | None]] = [[] for _ in self.layout.groups]
-        self._requests[request_id] = TrackedRequest(empty, len(prompt), len(prompt),
-                                              live_from=[0] * len(self.layout.groups))
+        self._requests[request_id] = TrackedRequest(empty, len(prompt), len(prompt))
+        self._requests[request_id].restart_stores(len(self.layout.groups))
 
     def lookup(self, request_id: str, num_computed: int, tokens: Sequence[int] = ()
                ) -> tuple[int | None, bool]:
@@ -218,19 +218,17 @@ class ConnectorScheduler:
     def quiet(self, horizons: Sequence[tuple[str, int]]) -> StepPlan | None:
         """``step``'s plan, the shared empty one, for a step that only continues running
         requests with no new block (``(request id, horizon)`` each), if none passes anything
-        it could store (most decoding steps); else None: ``step`` must plan it. Without
+        it could store and none frees a window's block (most decoding steps: each request's
+        horizon is below its ``due_at``); else None: ``step`` must plan it. Without
         ``step``'s bookkeeping: a request's last planned horizon stays, so the next planned
-        step sees the same boundaries passed (and checks more of its table for reallocated
-        blocks, blocks no later store reads)."""
+        step sees the same boundaries passed."""
         if (not horizons or self._loads or self._fresh or self._unaccepted or self._state
                 or self.tiers is not None):
             return None
         known = self._requests
         for request_id, horizon in horizons:
             req = known.get(request_id)
-            if req is None:
-                return None
-            if not req.stored_all and horizon > req.prior_horizon and self._due(req, horizon):
+            if req is None or (horizon >= req.due_at and not req.stored_all):
                 return None
         return NOTHING
 
@@ -264,8 +262,8 @@ class ConnectorScheduler:
 
     def _forget_reallocated(self) -> None:
         """Blocks vLLM freed and handed out again no longer hold a request's KV. Only the
-        blocks a later store may still read are checked: from ``retained_blocks`` at the
-        last planned horizon on (retained spans only move right)."""
+        blocks a later store may still read are checked: from ``live_from`` on (those
+        before were freed, and are forgotten before any store: ``TrackedRequest.advance``)."""
         fresh = self._fresh
         if not fresh or not self._windowed:
             return
@@ -288,8 +286,9 @@ class ConnectorScheduler:
         if horizon <= req.prior_horizon:
             return None
         due = self._due(req, horizon)
-        self._advance(req, horizon)
+        req.advance(self.layout, self._windowed, horizon)
         if not due:
+            req.due_at = req.next_due(self.layout, self._windowed)
             return None  # no boundary passed (most decoding steps): nothing became storable
         self.changes += 1
         req.num_boundaries = len(coverage.admissible_boundaries(self.layout, horizon))
@@ -298,6 +297,7 @@ class ConnectorScheduler:
         refusals = metrics.store_refusals
         job = self.planner.on_computed(s.request_id, horizon, req.tables)
         req.retry = metrics.store_refusals > refusals
+        req.due_at = req.next_due(self.layout, self._windowed)
         if (self._limits.store == "prompt" and horizon >= req.num_prompt and not req.retry
                 and req.sync_load is None):
             req.stored_all, req.tables = True, [[] for _ in req.tables]
@@ -318,10 +318,6 @@ class ConnectorScheduler:
             self.planner.append_tokens(request_id, tokens[req.num_tokens :])
             req.num_tokens = len(tokens)
 
-    def _advance(self, req: TrackedRequest, horizon: int) -> None:
-        req.prior_horizon = horizon
-        for gi in self._windowed:
-            req.live_from[gi] = coverage.retained_blocks(self.layout.groups[gi], horizon).start
 
     # ---- worker reports ----------------------------------------------------------------
 
