@@ -246,23 +246,24 @@ def output(**fields: object) -> NS:
     base: dict[str, object] = dict(
         scheduled_new_reqs=[], preempted_req_ids=set(), kv_cache_block_copies=[],
         scheduled_cached_reqs=NS(req_ids=["a", "b"], new_block_ids=[None, ([],)],
-                                 resumed_req_ids=set()),
+                                 resumed_req_ids=set(), num_computed_tokens=[10, 20]),
         num_scheduled_tokens={"a": 1, "b": 3}, scheduled_spec_decode_tokens={"b": [7, 8]})
     base.update(fields)
     return NS(**base)
 
 
 def test_continuing_horizons_read_a_decoding_step_and_refuse_anything_else() -> None:
-    requests = {"a": NS(num_computed_tokens=10), "b": NS(num_computed_tokens=20)}
     # b's two drafts may be rejected: their KV does not count
-    assert continuing_horizons(output(), requests) == [("a", 11), ("b", 21)]
-    new_block = NS(req_ids=["a"], new_block_ids=[([5],)], resumed_req_ids=set())
-    resumed = NS(req_ids=["a"], new_block_ids=[None], resumed_req_ids={"a"})
+    assert continuing_horizons(output()) == [("a", 11), ("b", 21)]
+    new_block = NS(req_ids=["a"], new_block_ids=[([5],)], resumed_req_ids=set(),
+                   num_computed_tokens=[10])
+    resumed = NS(req_ids=["a"], new_block_ids=[None], resumed_req_ids={"a"},
+                 num_computed_tokens=[10])
     for other in (dict(scheduled_new_reqs=[NS(req_id="c")]), dict(preempted_req_ids={"a"}),
                   dict(kv_cache_block_copies=[NS(dst_block_id=3)]),
                   dict(scheduled_cached_reqs=new_block), dict(scheduled_cached_reqs=resumed),
                   dict(kv_connector_block_state=NS(boundary_state_offloads={"a": [(0, 1, 4)]}))):
-        assert continuing_horizons(output(**other), requests) is None, other
+        assert continuing_horizons(output(**other)) is None, other
 
 
 def test_a_step_in_which_a_window_frees_a_block_plans() -> None:

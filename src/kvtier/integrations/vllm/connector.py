@@ -155,7 +155,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         sched = self.scheduler  # (not ``_sched()``: a call less, every step)
         assert sched is not None, "scheduler-side method called on a worker"
         # most decoding steps plan nothing: said without building the step's requests
-        horizons = continuing_horizons(scheduler_output, self._requests)
+        horizons = continuing_horizons(scheduler_output)
         if horizons is not None and sched.quiet(horizons) is not None:
             return self._quiet
         for req_id in scheduler_output.preempted_req_ids or ():

@@ -64,13 +64,16 @@ def _horizon(req_id: str, request: Any, num_scheduled: int, drafts: dict[str, An
     return horizon
 
 
-def continuing_horizons(out: Any, requests: dict[str, Any]) -> list[tuple[str, int]] | None:
+def continuing_horizons(out: Any) -> list[tuple[str, int]] | None:
     """``(request id, horizon)`` of each request a step continues, when that is all it
     does: no new, resumed or preempted request, no new block, no block copy, no state
-    hand-off (most decoding steps); else None (``ConnectorScheduler.quiet``)."""
+    hand-off (most decoding steps); else None (``ConnectorScheduler.quiet``). Read from
+    the output alone (``num_computed_tokens`` as vLLM scheduled the step), not from the
+    requests: it runs every step, on data the forward has pushed out of the caches."""
+    block_state = getattr(out, "kv_connector_block_state", None)  # (None: no exception)
     if (out.scheduled_new_reqs or out.preempted_req_ids or out.kv_cache_block_copies
-            or getattr(getattr(out, "kv_connector_block_state", None),
-                       "boundary_state_offloads", None)):
+            or (block_state is not None
+                and getattr(block_state, "boundary_state_offloads", None))):
         return None
     cached = out.scheduled_cached_reqs
     if cached.resumed_req_ids:
@@ -80,10 +83,13 @@ def continuing_horizons(out: Any, requests: dict[str, Any]) -> list[tuple[str, i
             return None
     drafts: dict[str, Any] = out.scheduled_spec_decode_tokens or {}
     num_scheduled: dict[str, int] = out.num_scheduled_tokens
+    computed: list[int] = cached.num_computed_tokens
     horizons: list[tuple[str, int]] = []
-    for req_id in cached.req_ids:
-        horizons.append((req_id, _horizon(req_id, requests[req_id], num_scheduled[req_id],
-                                          drafts)))
+    for i, req_id in enumerate(cached.req_ids):
+        horizon = computed[i] + num_scheduled[req_id]
+        if drafts:
+            horizon -= len(drafts.get(req_id, ()))
+        horizons.append((req_id, horizon))
     return horizons
 
 
