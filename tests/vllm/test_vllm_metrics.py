@@ -191,3 +191,29 @@ def test_a_workers_disk_events_reach_the_scheduler(tmp_path: Path) -> None:
     tally.report(taken)
     assert tally.take() == []  # rank 0 has not reported its shard
     tiers.close()
+
+
+def test_vllm_receives_each_stored_chunk_as_an_event_and_quiet_steps_as_none() -> None:
+    """vLLM 0.33's real scheduler asks ``take_events`` every step and reads whatever it is
+    handed (``if connector_events: list(...)``): a step that stored chunks hands their
+    ``BlockStored``; the others an empty sequence, not a generator vLLM has to run."""
+    from kvtier.integrations.vllm.testing import SimGroup
+    from vllm_helpers import make_sim
+
+    sim = make_sim([SimGroup("full", 16)], chunk_tokens=32)
+    connector = sim.scheduler.connector
+    take, handed = connector.take_events, []
+
+    def recorded() -> Any:
+        events = take()
+        handed.append(events)
+        return events
+
+    connector.take_events = recorded
+    sim.add("a", list(range(100)), max_tokens=20)
+    sim.run()
+    sim.close()
+    stored = [e for events in handed for e in events if isinstance(e, BlockStored)]
+    assert len(stored) == 3  # chunks 0-2 (boundaries 32, 64, 96)
+    assert all(isinstance(events, (list, tuple)) for events in handed)
+    assert sum(not events for events in handed) >= len(handed) - 2

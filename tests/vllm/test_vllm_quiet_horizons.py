@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+pytest.importorskip("vllm.config", reason="needs vLLM 0.33: scripts/install_vllm_test_env.sh")
 from vllm_helpers import make_sim
 
 from kvtier.integrations.vllm.scheduled import continuing_horizons, scheduled_steps

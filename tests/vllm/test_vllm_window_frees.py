@@ -13,6 +13,8 @@ boundary, while vLLM holds it, and a block the window freed is never read again
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("vllm.config", reason="needs vLLM 0.33: scripts/install_vllm_test_env.sh")
 from vllm_helpers import make_sim
 
 from kvtier.integrations.vllm.testing import SimGroup

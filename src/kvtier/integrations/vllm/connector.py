@@ -189,9 +189,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         """Each chunk stored or dropped, with its tier's medium (``observe.MEDIA``): host
         memory's from the scheduler's store, the lower tiers' once every rank's shard is
         stored (or any rank's is dropped)."""
+        host = self._sched().take_events()
         lower = self._tally.take() if self._tally is not None else []
-        for event in [*self._sched().take_events(), *lower]:
-            yield kv_event(event, self.layout.hit_granularity)
+        if not host and not lower:
+            return ()  # most steps (vLLM reads a generator's body every step: not one)
+        return [kv_event(event, self.layout.hit_granularity) for event in [*host, *lower]]
 
     def get_kv_connector_kv_cache_events(self) -> KVConnectorKVEvents | None:
         """Worker: its lower tiers' events since the last step (``observe.RankEvents``)."""

@@ -115,6 +115,8 @@ class ConnectorStats:
                  version: Callable[[], int] | None = None) -> None:
         self._tiers, self._planner, self._version = tiers, planner, version
         self._latency = LatencySamples()
+        timed = list(timed)
+        self._timed = bool(timed)  # the scheduler's times nothing: no samples to drain
         watch_latency(timed, self._latency)
         self._last: Payload = {}
         self._seen: int | None = None
@@ -150,7 +152,7 @@ class ConnectorStats:
             self._last, self._seen = now, version
         else:
             delta = {}
-        if latency := self._latency.drain():
+        if self._timed and (latency := self._latency.drain()):
             delta["latency"] = latency
         return delta
 

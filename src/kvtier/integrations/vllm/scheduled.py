@@ -2,7 +2,9 @@
 import), as the ``StepRequest`` list ``ConnectorScheduler.step`` plans from.
 
 It runs once a step for every scheduled request, right after vLLM's forward pass has
-pushed the connector's data out of the CPU's caches, so the serving build compiles it.
+pushed the connector's code and data out of the CPU's caches. The serving build leaves it
+interpreted: in the engine, compiled, a quiet step's reading took 10.6 us, interpreted
+4.7 (the interpreter's loop stays warm; the compiled function's code is fetched again).
 
 >>> from types import SimpleNamespace as NS
 >>> from kvtier.layout import Group, Layout
