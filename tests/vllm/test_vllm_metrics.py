@@ -197,8 +197,9 @@ def test_vllm_receives_each_stored_chunk_as_an_event_and_quiet_steps_as_none() -
     """vLLM 0.33's real scheduler asks ``take_events`` every step and reads whatever it is
     handed (``if connector_events: list(...)``): a step that stored chunks hands their
     ``BlockStored``; the others an empty sequence, not a generator vLLM has to run."""
-    from kvtier.integrations.vllm.testing import SimGroup
     from vllm_helpers import make_sim
+
+    from kvtier.integrations.vllm.testing import SimGroup
 
     sim = make_sim([SimGroup("full", 16)], chunk_tokens=32)
     connector = sim.scheduler.connector
