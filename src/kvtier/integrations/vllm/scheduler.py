@@ -318,7 +318,6 @@ class ConnectorScheduler:
             self.planner.append_tokens(request_id, tokens[req.num_tokens :])
             req.num_tokens = len(tokens)
 
-
     # ---- worker reports ----------------------------------------------------------------
 
     def on_reports(self, done: dict[int, tuple[int, bool]]) -> list[JobReport]:
