@@ -218,3 +218,23 @@ def test_vllm_receives_each_stored_chunk_as_an_event_and_quiet_steps_as_none() -
     assert len(stored) == 3  # chunks 0-2 (boundaries 32, 64, 96)
     assert all(isinstance(events, (list, tuple)) for events in handed)
     assert sum(not events for events in handed) >= len(handed) - 2
+
+
+def test_a_lower_tiers_event_reaches_vllm_in_a_step_host_memory_stored_nothing() -> None:
+    """The connector's ``take_events`` answers most steps without a call (nothing pending
+    from host memory or the lower tiers); a step in which only a worker's disk stored a
+    chunk still hands vLLM that chunk, as ``STORAGE``, once, and the next step nothing."""
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm_helpers import make_sim
+
+    from kvtier.integrations.vllm.testing import SimGroup
+
+    sim = make_sim([SimGroup("full", 16)], chunk_tokens=32)
+    connector = sim.scheduler.connector
+    assert connector.take_events() == ()
+    connector.update_connector_output(KVConnectorOutput(
+        kv_cache_events=rank_events((0, EventKind.STORED))))  # the sim's one worker
+    handed = list(connector.take_events())
+    assert [(type(e), e.medium) for e in handed] == [(BlockStored, "STORAGE")]
+    assert connector.take_events() == ()
+    sim.close()

@@ -189,10 +189,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         """Each chunk stored or dropped, with its tier's medium (``observe.MEDIA``): host
         memory's from the scheduler's store, the lower tiers' once every rank's shard is
         stored (or any rank's is dropped)."""
-        host = self._sched().take_events()
-        lower = self._tally.take() if self._tally is not None else []
-        if not host and not lower:
-            return ()  # most steps (vLLM reads a generator's body every step: not one)
+        sched, tally = self.scheduler, self._tally
+        assert sched is not None, "scheduler-side method called on a worker"
+        if not sched.events and (tally is None or not tally.pending):
+            return ()  # most steps, read without a call (vLLM asks every step)
+        host = sched.take_events()
+        lower = tally.take() if tally is not None else []
         return [kv_event(event, self.layout.hit_granularity) for event in [*host, *lower]]
 
     def get_kv_connector_kv_cache_events(self) -> KVConnectorKVEvents | None:
@@ -230,11 +232,6 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         assert self.worker is not None, "worker-side method called on the scheduler"
         return self.worker
 
-    def _plan(self) -> StepPlan:
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, KvtierConnectorMetadata)
-        return meta.plan
-
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         groups = self._kv_cache_config.kv_cache_groups
         layers = [[t for name in g.layer_names for t in layer_tensors(kv_caches[name])]
@@ -243,7 +240,17 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
 
     # A quiet step's plan (``NOTHING``: most of decoding) asks nothing of the worker; the
     # hooks below only note it, without a call more: they run every step, when the step's
-    # forward has pushed the connector's objects out of the CPU's caches.
+    # forward has pushed the connector's objects out of the CPU's caches, and each function
+    # they reach is one more to fetch back (docs/vllm.md, "Where the time goes"). So the
+    # bound plan is read where it is needed, from the attribute vLLM's
+    # ``bind_connector_metadata`` sets, not through ``_get_connector_metadata``.
+
+    def has_connector_metadata(self) -> bool:
+        """False, always: vLLM asks this around every attention layer, to call the layer
+        hooks below if it holds, and kvtier has nothing to do per layer (it loads before
+        the forward and stores after it). vLLM asks it nowhere else; the step's plan is
+        bound all the same (``start_load_kv`` reads it)."""
+        return False
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         assert isinstance(kv_connector_metadata, KvtierConnectorMetadata)
@@ -253,7 +260,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._before_forward(kv_connector_metadata.plan)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        plan = self._plan()
+        meta = self._connector_metadata
+        assert isinstance(meta, KvtierConnectorMetadata), "no kvtier plan bound for this step"
+        plan = meta.plan
         if plan is NOTHING:
             self._prepared = NOTHING
         else:
@@ -279,7 +288,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return None  # stores start in wait_for_save, once every layer is written
 
     def wait_for_save(self) -> None:
-        plan = self._plan()
+        meta = self._connector_metadata
+        assert isinstance(meta, KvtierConnectorMetadata), "no kvtier plan bound for this step"
+        plan = meta.plan
         if plan is NOTHING:
             self._prepared = NOTHING
             return
@@ -290,14 +301,18 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         # the step's plan, as before_forward ran it (None only if vLLM skipped every hook)
         idle = self._prepared is not None and self._prepared.idle
-        report = self._worker().collect(idle=idle)
+        worker = self.worker  # (not ``_worker()``: a function less, every step)
+        assert worker is not None, "worker-side method called on the scheduler"
+        report = worker.collect(idle=idle)
         for job_id, ok in report.completed.items():
             self._completed[job_id] = (1, ok)
         return KVConnectorTransferResults(finished_recving=set(report.loaded),
                                           failed_recving=set(report.failed_loads))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker().take_failed_blocks()
+        worker = self.worker
+        assert worker is not None, "worker-side method called on the scheduler"
+        return worker.take_failed_blocks() if worker.failed_blocks else set()
 
     def build_connector_worker_meta(self) -> KvtierWorkerMetadata | None:
         if not self._completed:

@@ -213,7 +213,7 @@ class RankTally:
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
         self._ranks: dict[tuple[str, bytes], set[int]] = {}
-        self._out: list[StoreEvent] = []
+        self.pending: list[StoreEvent] = []  # transitions not yet taken (read-only)
 
     def report(self, events: KVConnectorKVEvents | None) -> None:
         if not isinstance(events, RankEvents):
@@ -226,12 +226,12 @@ class RankTally:
             else:
                 ranks.discard(rank)
             if (len(ranks) == self.num_workers) != was_whole:
-                self._out.append(event)
+                self.pending.append(event)
             if not ranks:
                 del self._ranks[(event.tier, event.key)]
 
     def take(self) -> list[StoreEvent]:
-        out, self._out = self._out, []
+        out, self.pending = self.pending, []
         return out
 
 

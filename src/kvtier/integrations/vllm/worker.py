@@ -104,7 +104,7 @@ class ConnectorWorker:
         self.tiers = tiers
         self._tier_jobs: dict[Future[bool], TransferJob | int] = {}  # -> store job or promotion id
         self._sync: set[int] = set()  # kvtier ids of the synchronous loads in flight
-        self._failed_blocks: set[int] = set()
+        self.failed_blocks: set[int] = set()  # since take_failed_blocks (read-only)
         self._warned = False
         self._failed_sync: dict[int, None] = {}  # failed synchronous loads, oldest first
 
@@ -191,7 +191,7 @@ class ConnectorWorker:
         """The blocks of the synchronous loads (``StepPlan.sync``) that failed since the
         last call: vLLM recomputes their requests from the first of them (their requests
         are in no ``WorkerReport``: vLLM waits for no report of a synchronous load)."""
-        failed, self._failed_blocks = self._failed_blocks, set()
+        failed, self.failed_blocks = self.failed_blocks, set()
         return failed
 
     def wait_all(self) -> None:
@@ -264,7 +264,7 @@ class ConnectorWorker:
         if job.id in self._sync:  # vLLM waits for no report of it, only hears of a failure
             self._sync.discard(job.id)
             if not ok:
-                self._failed_blocks.update(b for c in job.copies for b in c.block_ids if b)
+                self.failed_blocks.update(b for c in job.copies for b in c.block_ids if b)
                 self._failed_sync[job.id] = None
                 if len(self._failed_sync) > _FAILED_SYNC_KEPT:
                     del self._failed_sync[next(iter(self._failed_sync))]
