@@ -248,8 +248,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def has_connector_metadata(self) -> bool:
         """False, always: vLLM asks this around every attention layer, to call the layer
         hooks below if it holds, and kvtier has nothing to do per layer (it loads before
-        the forward and stores after it). vLLM asks it nowhere else; the step's plan is
-        bound all the same (``start_load_kv`` reads it)."""
+        the forward and stores after it). vLLM (0.32, 0.33) asks it nowhere else; the
+        step's plan is bound all the same (``start_load_kv`` reads it). Loads layer by
+        layer (tried and dropped: docs/vllm.md) would need it True in their steps."""
         return False
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
